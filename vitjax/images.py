@@ -1,0 +1,222 @@
+"""Turn whatever a user holds (paths, folders, bytes, data URIs, PIL images, arrays) into RGB PIL images.
+
+Conversion to RGB follows HF transformers 5.23 (`image_transforms.convert_to_rgb`, which its image
+processors apply to every PIL image or array they are given), so that `vitjax.preprocess` can be
+bit-identical to HF's `Qwen2VLImageProcessorPil`. Every failure is an `ImageInputError` that names the
+input, so one bad item in a batch can be reported without losing the others.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+
+ImageSource = str | os.PathLike | bytes | bytearray | memoryview | Image.Image | np.ndarray
+
+
+class ImageInputError(ValueError):
+    """An input that cannot be turned into an image; `name` says which one, `reason` why."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+def _is_single(inputs: object) -> bool:
+    return isinstance(inputs, (str, os.PathLike, bytes, bytearray, memoryview, Image.Image, np.ndarray))
+
+
+def _default_name(source: object, index: int) -> str:
+    """A path names itself; anything else is named by kind and its position among the inputs."""
+    if isinstance(source, str) and source.startswith("data:"):
+        return f"<data URI #{index}>"
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<bytes #{index}>"
+    if isinstance(source, Image.Image):
+        return f"<PIL image #{index}>"
+    if isinstance(source, np.ndarray):
+        return f"<array #{index}>"
+    return f"<{type(source).__name__} #{index}>"
+
+
+def _images_under(directory: Path) -> list[Path]:
+    """Image files below `directory`, recursively, sorted; hidden files and folders are skipped."""
+    found = []
+    for path in directory.rglob("*"):
+        rel = path.relative_to(directory)
+        if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file():
+            if not any(part.startswith(".") for part in rel.parts):
+                found.append(path)
+    return sorted(found)
+
+
+def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str, object]]:
+    """Flatten inputs into `(name, source)` pairs, in order, expanding directories.
+
+    Never raises for a bad item (missing path, garbage bytes, wrong type): the error surfaces when that
+    item is loaded, so it costs only itself. A directory without images is kept as one item for the
+    same reason.
+    """
+    items = [inputs] if _is_single(inputs) else list(inputs)
+    pairs: list[tuple[str, object]] = []
+    for index, source in enumerate(items):
+        if isinstance(source, (str, os.PathLike)) and not str(source).startswith("data:"):
+            path = Path(source)
+            if path.is_dir():
+                found = _images_under(path)
+                pairs.extend((str(p), p) for p in found) if found else pairs.append((str(path), path))
+                continue
+        pairs.append((_default_name(source, index), source))
+    return pairs
+
+
+def _data_uri_bytes(uri: str) -> bytes:
+    header, sep, payload = uri.partition(",")
+    if not sep or not header.endswith(";base64"):
+        raise ValueError("malformed data URI: expected 'data:<mime type>;base64,<payload>'")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"data URI payload is not valid base64 ({e})") from e
+
+
+def _read_path(path: Path) -> bytes:
+    if str(path).startswith(("http://", "https://")):
+        raise ValueError("URLs are not fetched; download the image and pass its bytes or path")
+    if path.is_dir():
+        if not _images_under(path):
+            exts = ", ".join(sorted(e[1:] for e in IMAGE_EXTENSIONS))
+            raise ValueError(f"directory contains no image files ({exts})")
+        raise ValueError("is a directory; expand it with expand_inputs()")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as e:
+        raise ValueError("no such file") from e
+    except OSError as e:
+        raise ValueError(f"cannot read file ({e.strerror or e})") from e
+
+
+def _check_pixel_limit(image: Image.Image) -> None:
+    """Refuse images above PIL's decompression-bomb limit before their pixels are decoded.
+
+    PIL itself only warns between 1x and 2x `Image.MAX_IMAGE_PIXELS`; a server must not decode those.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and image.width * image.height > limit:
+        raise ValueError(
+            f"{image.width}x{image.height} = {image.width * image.height} pixels exceeds the limit of "
+            f"{limit} (PIL.Image.MAX_IMAGE_PIXELS, a decompression-bomb guard)"
+        )
+
+
+def _decode(data: bytes) -> Image.Image:
+    """Decode encoded image bytes fully (a truncated file fails here, not later)."""
+    if not data:
+        raise ValueError("empty input (0 bytes)")
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError as e:
+        raise ValueError("not a recognised image format (or a corrupt header)") from e
+    except Image.DecompressionBombError as e:
+        raise ValueError(str(e)) from e
+    _check_pixel_limit(image)
+    try:
+        image.load()
+    except Exception as e:  # PIL raises OSError, SyntaxError, EOFError, struct.error... on corrupt data
+        raise ValueError(f"corrupt or truncated image data ({type(e).__name__}: {e})") from e
+    return image
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """Apply the EXIF orientation tag, as HF's `load_image` does (`ImageOps.exif_transpose`)."""
+    if image.getexif().get(ExifTags.Base.Orientation, 1) == 1:
+        return image
+    return ImageOps.exif_transpose(image)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """HF `convert_to_rgb` for PIL images: transparency is composited onto white, else `.convert("RGB")`.
+
+    An image that is already RGB without transparency is returned as is (HF copies it; same pixels).
+    """
+    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _from_array(array: np.ndarray) -> Image.Image:
+    """uint8 HxW, HxWx3 or HxWx4 (channels last, always: no guessing as HF does for small images).
+
+    RGBA is composited onto white with HF's numpy formula (`convert_to_rgb` for arrays), which rounds
+    differently from PIL's `alpha_composite`.
+    """
+    if array.dtype != np.uint8:
+        raise ValueError(f"array dtype must be uint8, got {array.dtype}")
+    if not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] in (3, 4))) or 0 in array.shape:
+        raise ValueError(f"array shape must be HxW, HxWx3 or HxWx4 (channels last), got {array.shape}")
+    if array.ndim == 2:
+        return Image.fromarray(array, mode="L").convert("RGB")
+    if array.shape[2] == 4:
+        alpha = array[..., 3:4] / 255
+        array = np.round(alpha * array[..., :3] + (1 - alpha) * 255).astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+
+
+def load_image(source: object, name: str | None = None) -> Image.Image:
+    """Load one input as an RGB PIL image, or raise `ImageInputError` naming it.
+
+    Accepts a path (str or PathLike), encoded bytes, a base64 `data:` URI, a PIL image or a uint8 array.
+    Decodes everything PIL does (JPEG incl. CMYK, PNG incl. palette / 16-bit / alpha, WebP, GIF first
+    frame, BMP, TIFF), fully, so truncated files fail here. Images over `PIL.Image.MAX_IMAGE_PIXELS`
+    are refused before decoding (arrays excepted: their pixels are already in memory).
+
+    Matches HF transformers 5.23 in these choices, each of which changes pixels:
+    - EXIF orientation is applied (HF's `load_image` applies `ImageOps.exif_transpose`), to encoded
+      inputs and to PIL images alike, so a photo gives the same pixels however it is passed. HF's image
+      processor given a PIL image directly does not rotate it; for a PIL image still carrying an
+      orientation tag vitjax therefore equals HF on `load_image(img)`, not on `img`.
+    - Transparency (an "A" band or `info["transparency"]`) is composited onto white, as HF's
+      `convert_to_rgb` does for the PIL images and arrays its processor is given. (HF's `load_image`,
+      used for string inputs, calls `.convert("RGB")` first and so drops alpha instead; vitjax does not.)
+    - 16-bit grayscale ("I;16") goes through Pillow's `.convert("RGB")`, which clips values to 255
+      rather than scaling: that is what HF's processor produces, so it is kept for parity.
+    The result may be `source` itself when that is already an upright RGB PIL image.
+    """
+    name = name if name is not None else _default_name(source, 0)
+    try:
+        if isinstance(source, np.ndarray):
+            return _from_array(source)
+        if isinstance(source, Image.Image):
+            _check_pixel_limit(source)
+            image = source
+        elif isinstance(source, (bytes, bytearray, memoryview)):
+            image = _decode(bytes(source))
+        elif isinstance(source, str) and source.startswith("data:"):
+            image = _decode(_data_uri_bytes(source))
+        elif isinstance(source, (str, os.PathLike)):
+            image = _decode(_read_path(Path(source)))
+        else:
+            raise ValueError(f"unsupported input type {type(source).__name__}")
+        try:
+            return _to_rgb(_upright(image))
+        except Exception as e:  # a lazily opened PIL image decodes here; odd modes may not convert
+            raise ValueError(f"cannot convert to RGB ({type(e).__name__}: {e})") from e
+    except ValueError as e:
+        if isinstance(e, ImageInputError):
+            raise
+        raise ImageInputError(name, str(e)) from e

@@ -1,0 +1,188 @@
+"""The Qwen3-VL vision tower in Flax NNX, as pure functions of (params, packed inputs).
+
+Module and parameter names mirror HF's `Qwen3VLVisionModel` so the weight map stays a rename; the blocks
+(and the deepstack mergers) are stacked along a leading axis and run under `jax.lax.scan`, so a
+27-block tower compiles one block.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vitjax.attention import Segments, attention
+from vitjax.config import VisionConfig
+
+F32 = jnp.float32
+
+
+class TowerInputs(NamedTuple):
+    """Device side of `layout.Packed`."""
+
+    pos_index: jax.Array
+    pos_weight: jax.Array
+    rope_pos: jax.Array
+    segments: Segments
+
+
+def _precision(dtype: jnp.dtype) -> jax.lax.Precision:
+    """float32 means float32 (no TF32) so parity tests mean something; bf16 uses the fast path."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else jax.lax.Precision.DEFAULT
+
+
+def _linear(din: int, dout: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(din, dout, dtype=dtype, param_dtype=dtype, precision=_precision(dtype), rngs=rngs)
+
+
+class _LayerNorm(nnx.LayerNorm):
+    """LayerNorm (eps 1e-6) computed in fp32 whatever the activation dtype, result cast back."""
+
+    def __init__(self, dim: int, dtype: jnp.dtype, rngs: nnx.Rngs):
+        super().__init__(dim, epsilon=1e-6, dtype=F32, param_dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return super().__call__(x).astype(x.dtype)
+
+
+class PatchEmbed(nnx.Module):
+    """HF's Conv3d with kernel == stride is a matmul on the 1536-wide pixel rows; rows are (c, t, ph, pw)."""
+
+    def __init__(self, cfg: VisionConfig, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.proj = _linear(cfg.patch_dim, cfg.hidden_size, dtype, rngs)
+
+    def __call__(self, pixels: jax.Array) -> jax.Array:
+        return self.proj(pixels.astype(self.proj.param_dtype))
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: VisionConfig, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = _linear(cfg.hidden_size, 3 * cfg.hidden_size, dtype, rngs)
+        self.proj = _linear(cfg.hidden_size, cfg.hidden_size, dtype, rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
+        qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attention(q, k, v, segments, impl)
+        return self.proj(out.reshape(x.shape))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: VisionConfig, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.linear_fc1 = _linear(cfg.hidden_size, cfg.intermediate_size, dtype, rngs)
+        self.linear_fc2 = _linear(cfg.intermediate_size, cfg.hidden_size, dtype, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = self.linear_fc1(x)
+        return self.linear_fc2(jax.nn.gelu(h.astype(F32), approximate=True).astype(h.dtype))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block with 2-D rotary, segment-masked attention and a tanh-GELU MLP."""
+
+    def __init__(self, cfg: VisionConfig, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.norm1 = _LayerNorm(cfg.hidden_size, dtype, rngs)
+        self.norm2 = _LayerNorm(cfg.hidden_size, dtype, rngs)
+        self.attn = Attention(cfg, dtype, rngs)
+        self.mlp = MLP(cfg, dtype, rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
+        x = x + self.attn(self.norm1(x), cos, sin, segments, impl)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nnx.Module):
+    """2x2 patches -> one token. The final merger normalizes per patch (D) before the shuffle; the deepstack
+    mergers normalize the shuffled 4D vector. Both use exact (erf) GELU."""
+
+    def __init__(self, cfg: VisionConfig, postshuffle: bool, dtype: jnp.dtype, rngs: nnx.Rngs):
+        wide = cfg.hidden_size * cfg.merge_unit
+        self.postshuffle = postshuffle
+        self.norm = _LayerNorm(wide if postshuffle else cfg.hidden_size, dtype, rngs)
+        self.linear_fc1 = _linear(wide, wide, dtype, rngs)
+        self.linear_fc2 = _linear(wide, cfg.out_hidden_size, dtype, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        wide = self.linear_fc1.in_features
+        x = self.norm(x.reshape(-1, wide)) if self.postshuffle else self.norm(x).reshape(-1, wide)
+        h = self.linear_fc1(x)
+        return self.linear_fc2(jax.nn.gelu(h.astype(F32), approximate=False).astype(h.dtype))
+
+
+def rotary_tables(rope_pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin `[T, head_dim]` in fp32, layout [h | w | h | w] with head_dim/4 frequencies per axis."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, half, 2, dtype=np.float32) / np.float32(half)))
+    angles = (rope_pos.astype(F32)[:, :, None] * inv_freq.astype(np.float32)).reshape(rope_pos.shape[0], half)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """rotate_half rotary on `[T, heads, head_dim]`, in fp32, cast back."""
+    xf = x.astype(F32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
+
+
+def _stacked(make, count: int, rngs: nnx.Rngs):
+    """`count` copies of a module with parameters stacked on a leading axis (for scan / vmap)."""
+
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def build(key: jax.Array):
+        return make(nnx.Rngs(key))
+
+    return build(jax.random.split(rngs.params(), count))
+
+
+class VisionTower(nnx.Module):
+    """Qwen3VLVisionModel: pixel rows of a packed sequence -> `[T/4, out_hidden * (1 + #deepstack)]`,
+    columns `[merger | deepstack_0 | ...]` (SGLang's layout)."""
+
+    def __init__(self, cfg: VisionConfig, *, dtype: jnp.dtype = F32, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.dtype = jnp.dtype(dtype)
+        self.patch_embed = PatchEmbed(cfg, dtype, rngs)
+        self.pos_embed = nnx.Embed(cfg.num_position_embeddings, cfg.hidden_size, param_dtype=dtype, rngs=rngs)
+        self.blocks = _stacked(lambda r: Block(cfg, dtype, r), cfg.depth, rngs)
+        self.merger = PatchMerger(cfg, False, dtype, rngs)
+        taps = len(cfg.deepstack_visual_indexes)
+        self.deepstack_merger_list = _stacked(lambda r: PatchMerger(cfg, True, dtype, r), taps, rngs) if taps else None
+
+    def embed(self, pixels: jax.Array, inputs: TowerInputs) -> jax.Array:
+        """Patch embed plus the bilinearly interpolated learned position embedding (fp32 sum, one cast)."""
+        x = self.patch_embed(pixels)
+        table = self.pos_embed.embedding[...]
+        pos = (table[inputs.pos_index].astype(F32) * inputs.pos_weight[..., None]).sum(axis=1)
+        return x + pos.astype(x.dtype)
+
+    def __call__(self, pixels: jax.Array, inputs: TowerInputs, impl: str = "reference") -> jax.Array:
+        cfg = self.cfg
+        x = self.embed(pixels, inputs)
+        cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+        taps = len(cfg.deepstack_visual_indexes)
+        # Each block writes its output to a slot: its deepstack index, or the spare last slot.
+        slots = np.full(cfg.depth, taps, np.int32)
+        slots[list(cfg.deepstack_visual_indexes)] = np.arange(taps)
+        graph, params = nnx.split(self.blocks)
+
+        def step(carry, xs):
+            h, tapped = carry
+            block_params, slot = xs
+            h = nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl)
+            return (h, jax.lax.dynamic_update_index_in_dim(tapped, h, slot, 0)), None
+
+        tapped = jnp.zeros((taps + 1, *x.shape), x.dtype)
+        (x, tapped), _ = jax.lax.scan(step, (x, tapped), (params, jnp.asarray(slots)))
+        outputs = [self.merger(x)]
+        if taps:
+            mgraph, mparams = nnx.split(self.deepstack_merger_list)
+            deep = jax.vmap(lambda p, h: nnx.merge(mgraph, p)(h))(mparams, tapped[:taps])
+            outputs.extend(deep)
+        return jnp.concatenate(outputs, axis=-1)

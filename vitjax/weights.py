@@ -1,0 +1,221 @@
+"""HF safetensors -> vitjax parameters (strict, streamed), and the converted orbax format.
+
+The map is an explicit table generated from the config: every tensor the tower needs has exactly one
+HF name, so missing, unexpected and mis-shaped tensors are all reported by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from vitjax.config import VisionConfig
+
+PREFIXES = ("model.visual.", "visual.")
+# Tensors under these prefixes are a vision tower of another model family: refuse rather than misload.
+FOREIGN_PREFIXES = ("thinker.visual.", "visual.merger.ln_q", "model.visual.merger.ln_q")
+BUFFERS = ("rotary_pos_emb.inv_freq", "rotary_pos_emb.original_inv_freq")
+INDEX_FILE = "model.safetensors.index.json"
+ORBAX_PARAMS = "params"
+
+Params = dict[str, Any]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the configured tower; the message names the tensor and the file."""
+
+
+class Target(NamedTuple):
+    path: tuple[str, ...]  # into the nested parameter dict
+    index: int | None  # position on the stacked leading axis (blocks, deepstack mergers)
+    kind: str  # "linear" (transpose), "conv" (Conv3d -> dense kernel) or "copy"
+    shape: tuple[int, ...]  # the HF tensor's shape
+
+
+def weight_map(cfg: VisionConfig) -> dict[str, Target]:
+    """HF tensor name (without prefix) -> where it goes in vitjax's parameter tree."""
+    d, wide, out = cfg.hidden_size, cfg.hidden_size * cfg.merge_unit, cfg.out_hidden_size
+    table: dict[str, Target] = {}
+
+    def linear(hf: str, path: tuple[str, ...], din: int, dout: int, index: int | None = None) -> None:
+        table[f"{hf}.weight"] = Target((*path, "kernel"), index, "linear", (dout, din))
+        table[f"{hf}.bias"] = Target((*path, "bias"), index, "copy", (dout,))
+
+    def norm(hf: str, path: tuple[str, ...], dim: int, index: int | None = None) -> None:
+        table[f"{hf}.weight"] = Target((*path, "scale"), index, "copy", (dim,))
+        table[f"{hf}.bias"] = Target((*path, "bias"), index, "copy", (dim,))
+
+    conv = (d, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+    table["patch_embed.proj.weight"] = Target(("patch_embed", "proj", "kernel"), None, "conv", conv)
+    table["patch_embed.proj.bias"] = Target(("patch_embed", "proj", "bias"), None, "copy", (d,))
+    table["pos_embed.weight"] = Target(("pos_embed", "embedding"), None, "copy", (cfg.num_position_embeddings, d))
+    for i in range(cfg.depth):
+        b = f"blocks.{i}"
+        norm(f"{b}.norm1", ("blocks", "norm1"), d, i)
+        norm(f"{b}.norm2", ("blocks", "norm2"), d, i)
+        linear(f"{b}.attn.qkv", ("blocks", "attn", "qkv"), d, 3 * d, i)
+        linear(f"{b}.attn.proj", ("blocks", "attn", "proj"), d, d, i)
+        linear(f"{b}.mlp.linear_fc1", ("blocks", "mlp", "linear_fc1"), d, cfg.intermediate_size, i)
+        linear(f"{b}.mlp.linear_fc2", ("blocks", "mlp", "linear_fc2"), cfg.intermediate_size, d, i)
+    norm("merger.norm", ("merger", "norm"), d)
+    linear("merger.linear_fc1", ("merger", "linear_fc1"), wide, wide)
+    linear("merger.linear_fc2", ("merger", "linear_fc2"), wide, out)
+    for k in range(len(cfg.deepstack_visual_indexes)):
+        m, path = f"deepstack_merger_list.{k}", ("deepstack_merger_list",)
+        norm(f"{m}.norm", (*path, "norm"), wide, k)
+        linear(f"{m}.linear_fc1", (*path, "linear_fc1"), wide, wide, k)
+        linear(f"{m}.linear_fc2", (*path, "linear_fc2"), wide, out, k)
+    return table
+
+
+def _vmap_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
+    if kind == "linear":
+        return shape[::-1]
+    if kind == "conv":
+        return (int(np.prod(shape[1:])), shape[0])
+    return shape
+
+
+def _transform(x: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "linear":
+        return x.T
+    if kind == "conv":
+        return x.reshape(x.shape[0], -1).T
+    return x
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of an HF directory (sharded through its index, or all of them) or one file."""
+    if path.is_file():
+        return [path]
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map_ = json.loads(index.read_text()).get("weight_map", {})
+        names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)})
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that are not there: {missing}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    return files
+
+
+def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
+    """(file, full key, key without prefix) for the vision tensors; other tensors are never read.
+
+    Full-model checkpoints prefix the tower with `model.visual.` (or `visual.` in some splits); a
+    vision-only `save_pretrained` has bare names.
+    """
+    keys: list[tuple[Path, str]] = []
+    for file in files:
+        with safe_open(file, framework="flax") as f:
+            keys.extend((file, k) for k in f.keys())
+    foreign = [k for _, k in keys if k.startswith(FOREIGN_PREFIXES)]
+    if foreign:
+        raise CheckpointError(f"tensor {foreign[0]} belongs to a different vision tower (not Qwen3-VL)")
+    found = [p for p in PREFIXES if any(k.startswith(p) for _, k in keys)]
+    if len(found) > 1:
+        raise CheckpointError(f"vision tensors under several prefixes {found}")
+    prefix = found[0] if found else ""
+    if not found and not any(k == "patch_embed.proj.weight" for _, k in keys):
+        return []
+    return [(file, k, k[len(prefix) :]) for file, k in keys if k.startswith(prefix)]
+
+
+def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Params:
+    """Read the vision tower out of an HF checkpoint (full model or vision-only, single or sharded).
+
+    Returns the nested parameter dict in the checkpoint's own dtype. Language-model tensors are skipped
+    without being read; anything missing, unexpected or mis-shaped raises `CheckpointError` naming it.
+    """
+    files = _checkpoint_files(Path(path))
+    table = weight_map(cfg)
+    entries = _visual_keys(files)
+    if not entries:
+        raise CheckpointError(f"{path}: no vision tower tensors ({' or '.join(p + '*' for p in PREFIXES)})")
+    prefix = entries[0][1][: len(entries[0][1]) - len(entries[0][2])]
+
+    params: Params = {}
+    seen: set[str] = set()
+    cpu = jax.devices("cpu")[0]
+    open_files: dict[Path, Any] = {}
+    try:
+        for file, key, name in tqdm(entries, desc="loading vision tower", disable=not progress, unit="tensor"):
+            if name in BUFFERS:
+                continue
+            target = table.get(name)
+            if target is None:
+                raise CheckpointError(f"{file}: unexpected tensor {key} for a {cfg.depth}-block tower")
+            if name in seen:
+                raise CheckpointError(f"{file}: tensor {key} appears twice")
+            f = open_files.get(file) or open_files.setdefault(file, safe_open(file, framework="flax"))
+            shape = tuple(f.get_slice(key).get_shape())
+            if shape != target.shape:
+                raise CheckpointError(f"{file}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
+            with jax.default_device(cpu):
+                value = _transform(np.asarray(f.get_tensor(key)), target.kind)
+            _place(params, target, value, cfg)
+            seen.add(name)
+    finally:
+        open_files.clear()
+    missing = [k for k in table if k not in seen]
+    if missing:
+        shown = ", ".join(prefix + k for k in missing[:8])
+        raise CheckpointError(f"{path}: {len(missing)} vision tensors missing: {shown}{' ...' if len(missing) > 8 else ''}")
+    return params
+
+
+def _place(params: Params, target: Target, value: np.ndarray, cfg: VisionConfig) -> None:
+    """Store one tensor, allocating stacked arrays on first use."""
+    node = params
+    for part in target.path[:-1]:
+        node = node.setdefault(part, {})
+    leaf = target.path[-1]
+    if target.index is None:
+        node[leaf] = np.ascontiguousarray(value)
+        return
+    count = cfg.depth if target.path[0] == "blocks" else len(cfg.deepstack_visual_indexes)
+    if leaf not in node:
+        node[leaf] = np.empty((count, *_vmap_shape(target.shape, target.kind)), value.dtype)
+    node[leaf][target.index] = value
+
+
+def save_orbax(out_dir: str | Path, cfg: VisionConfig, params: Params) -> Path:
+    """Write a converted checkpoint: `config.json` (vision config) and `params/` (orbax)."""
+    import orbax.checkpoint as ocp
+
+    out = Path(out_dir).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(out / ORBAX_PARAMS, params, force=True)
+    return out
+
+
+def is_orbax(path: str | Path) -> bool:
+    return (Path(path) / ORBAX_PARAMS).is_dir()
+
+
+def load_orbax(path: str | Path) -> tuple[VisionConfig, Params]:
+    """Read a checkpoint written by `save_orbax`."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    cfg = VisionConfig.from_hf(path / "config.json")
+    with ocp.StandardCheckpointer() as ckpt:
+        params = ckpt.restore(path / ORBAX_PARAMS)
+    return cfg, jax.tree.map(np.asarray, params)
+
+
+def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
+    """HF directory -> converted orbax directory (the vision tower only)."""
+    cfg = VisionConfig.from_hf(hf_dir)
+    return save_orbax(out_dir, cfg, load_hf(hf_dir, cfg, progress=progress))
