@@ -2,38 +2,155 @@
 
 All implementations share one signature so the tower never knows which one runs:
 `attention(q, k, v, segments, impl=...)` with q, k, v `[T, heads, head_dim]` and `segments` from the
-host layout. Padding tokens (segment id -1) are never attended by real tokens.
+host layout. Padding tokens (segment id -1) are never attended by real tokens; their own outputs are
+unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller.
+
+- `cudnn_packed`: cuDNN flash attention on the packed `[1, T, heads, head_dim]` sequence with per-segment
+  offsets and lengths (its ragged "THD" layout). Only JAX's private cuDNN module exposes offsets, so the
+  import is guarded and pinned to the JAX versions it was verified on.
+- `cudnn_padded`: the public `jax.nn.dot_product_attention(implementation="cudnn")` over segments
+  gathered into a padded batch `[M, L, heads, head_dim]` with per-row lengths, scattered back after.
+- `reference`: portable XLA (CPU, tests): fp32 scores with a segment mask, a block of queries at a time.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import functools
+import os
+import warnings
 
 import jax
 import jax.numpy as jnp
 
+IMPLEMENTATIONS = ("cudnn_packed", "cudnn_padded", "reference")
+ENV_VAR = "VITJAX_ATTENTION"
+# JAX releases on which the private packed entry point was run and checked against the reference on a GPU.
+CUDNN_PACKED_VERIFIED = ("0.11.2",)
 
-class Segments(NamedTuple):
-    """Device copy of the packed layout's segment description (see `layout.Packed`)."""
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["ids", "starts", "lengths"], meta_fields=["max_length"]
+)
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """Device copy of the packed layout's segment description (see `layout.Packed`).
+
+    `max_length` is static (part of the compiled program): the longest segment the padded-batch path
+    must hold; 0 means the whole sequence.
+    """
 
     ids: jax.Array  # [T] int32, -1 for padding
     starts: jax.Array  # [M] int32, T for unused slots
     lengths: jax.Array  # [M] int32, 0 for unused slots
+    max_length: int = 0
 
 
-IMPLEMENTATIONS = ("reference",)
+def _packed_entry():
+    """JAX's private cuDNN attention with segment offsets, or None where it cannot be used here."""
+    if jax.__version__ not in CUDNN_PACKED_VERIFIED:
+        return None
+    try:
+        from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+    except ImportError:
+        return None
+    return dot_product_attention, MaskType
+
+
+@functools.cache
+def cudnn_packed_available() -> bool:
+    """True on Hopper-or-newer GPUs with a JAX release the packed path was verified on."""
+    if jax.default_backend() != "gpu":
+        return False
+    if _packed_entry() is None:
+        warnings.warn(
+            f"cuDNN packed attention is verified on JAX {', '.join(CUDNN_PACKED_VERIFIED)} only (found "
+            f"{jax.__version__}); using the padded-batch cuDNN path instead",
+            stacklevel=2,
+        )
+        return False
+    return all(float(getattr(d, "compute_capability", "0")) >= 9.0 for d in jax.local_devices())
 
 
 def default_implementation() -> str:
-    """The fastest implementation available on the default backend."""
-    return "reference"
+    """`$VITJAX_ATTENTION` if set; on GPUs the packed cuDNN path where usable, else the padded one; else XLA."""
+    chosen = os.environ.get(ENV_VAR)
+    if chosen:
+        return check_implementation(chosen)
+    if jax.default_backend() != "gpu":
+        return "reference"
+    return "cudnn_packed" if cudnn_packed_available() else "cudnn_padded"
+
+
+def check_implementation(impl: str) -> str:
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
+    if impl == "cudnn_packed" and _packed_entry() is None:
+        raise ValueError(f"cudnn_packed needs JAX {' or '.join(CUDNN_PACKED_VERIFIED)} (found {jax.__version__})")
+    return impl
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl: str = "reference") -> jax.Array:
     """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, head_dim]` in q's dtype."""
+    if impl == "cudnn_packed":
+        return _cudnn_packed(q, k, v, segments)
+    if impl == "cudnn_padded":
+        return padded_batch(q, k, v, segments, "cudnn")
     if impl == "reference":
         return _reference(q, k, v, segments.ids)
     raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
+
+
+def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
+    """cuDNN's ragged layout: one batch row, M segments given by offsets (M+1, the last = T) and lengths.
+
+    Unused slots (offset T, length 0) are what cuDNN expects of empty segments.
+    """
+    dot_product_attention, mask_type = _packed_entry()
+    tokens = q.shape[0]
+    offsets = jnp.concatenate([segments.starts, jnp.full((1,), tokens, jnp.int32)])[None]
+    lengths = segments.lengths[None]
+    out = dot_product_attention(
+        q[None],
+        k[None],
+        v[None],
+        q_seqlen=lengths,
+        kv_seqlen=lengths,
+        q_offsets=offsets,
+        kv_offsets=offsets,
+        scale=q.shape[-1] ** -0.5,
+        mask_type=mask_type.PADDING,
+    )
+    return out[0]
+
+
+def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, implementation: str) -> jax.Array:
+    """Gather segments into `[M, L, heads, head_dim]`, run the public API with per-row lengths, gather back.
+
+    `implementation` is passed to `jax.nn.dot_product_attention` ("cudnn" on GPUs; "xla" lets CPU tests
+    check the gathers).
+    """
+    tokens = q.shape[0]
+    length = segments.max_length or tokens
+    offset = jnp.arange(length, dtype=jnp.int32)
+    rows = jnp.where(offset < segments.lengths[:, None], segments.starts[:, None] + offset, tokens)
+
+    def gather(x: jax.Array) -> jax.Array:
+        return jnp.take(x, rows, axis=0, mode="fill", fill_value=0)
+
+    out = jax.nn.dot_product_attention(
+        gather(q),
+        gather(k),
+        gather(v),
+        scale=q.shape[-1] ** -0.5,
+        query_seq_lengths=segments.lengths,
+        key_value_seq_lengths=segments.lengths,
+        implementation=implementation,
+    )
+    seg = jnp.maximum(segments.ids, 0)
+    back = seg * length + jnp.arange(tokens, dtype=jnp.int32) - segments.starts[seg]
+    back = jnp.where(segments.ids >= 0, back, out.shape[0] * length)
+    return jnp.take(out.reshape(-1, *q.shape[1:]), back, axis=0, mode="fill", fill_value=0)
 
 
 def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: int = 256) -> jax.Array:

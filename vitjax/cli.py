@@ -1,10 +1,77 @@
-"""`vitjax` command line: `vitjax convert HF_DIR OUT_DIR` (and `vitjax encode`, see below)."""
+"""`vitjax` command line: encode images to a safetensors file, or convert an HF checkpoint."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+
+EPILOG = """examples:
+  vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
+  vitjax encode a.jpg b.png --model checkpoints/qwen3-vl-8b -o embeds.safetensors
+  vitjax convert /path/to/Qwen3-VL-8B-Instruct checkpoints/qwen3-vl-8b"""
+
+
+def _encode(args: argparse.Namespace) -> int:
+    import jax
+    import numpy as np
+    from safetensors.flax import save_file
+
+    import vitjax
+    from vitjax.images import ImageInputError, expand_inputs
+
+    if args.model:
+        enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True)
+        model = args.model
+    else:
+        enc = vitjax.Encoder.random(args.random_init, seed=args.seed, dtype=args.dtype)
+        model = f"random-init:{args.random_init}:seed={args.seed}"
+        print(
+            f"vitjax: using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless",
+            file=sys.stderr,
+        )
+    items = expand_inputs(args.inputs)
+    results = enc.encode(
+        [source for _, source in items],
+        min_pixels=args.min_pixels,
+        max_pixels=args.max_pixels,
+        batch_tokens=args.batch_tokens,
+        errors="return",
+        progress=len(items) > 1,
+    )
+    tensors, images, failed = {}, [], 0
+    cpu = jax.devices("cpu")[0]
+    for i, ((name, _), res) in enumerate(zip(items, results, strict=True)):
+        if isinstance(res, ImageInputError):
+            failed += 1
+            print(f"vitjax: error: {res}", file=sys.stderr)
+            images.append({"index": i, "source": name, "error": res.reason})
+            continue
+        tensors[f"{i}.embeds"] = jax.device_put(res.embeds, cpu)
+        tensors[f"{i}.deepstack"] = jax.device_put(res.deepstack, cpu)
+        images.append(
+            {
+                "index": i,
+                "source": name,
+                "grid_thw": list(res.grid_thw),
+                "sha256": res.sha256,
+                "tokens": int(res.embeds.shape[0]),
+            }
+        )
+    meta = {
+        "model": model,
+        "dtype": args.dtype,
+        "vitjax_version": vitjax.__version__,
+        "images": images,
+        "min_pixels": args.min_pixels,
+        "max_pixels": args.max_pixels,
+    }
+    save_file(tensors, args.output, metadata={"vitjax": json.dumps(meta)})
+    done = len(items) - failed
+    tokens = sum(int(np.prod(t.shape[:-1])) for k, t in tensors.items() if k.endswith(".embeds"))
+    print(f"vitjax: wrote {done} of {len(items)} images ({tokens} tokens) to {args.output}", file=sys.stderr)
+    return 1 if failed or not items else 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -16,8 +83,24 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitjax", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="vitjax", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    enc = sub.add_parser("encode", help="encode images with the Qwen3-VL vision tower into a safetensors file")
+    enc.add_argument("inputs", nargs="+", help="image files or directories (searched recursively)")
+    weights = enc.add_mutually_exclusive_group(required=True)
+    weights.add_argument("--model", help="HF checkpoint directory or a directory written by `vitjax convert`")
+    weights.add_argument("--random-init", metavar="PRESET", help="random weights of a preset, e.g. qwen3-vl-2b")
+    enc.add_argument("-o", "--output", required=True, help="output .safetensors file")
+    enc.add_argument("--min-pixels", type=int, default=65536, help="smallest resized area (default: %(default)s)")
+    enc.add_argument("--max-pixels", type=int, default=16777216, help="largest resized area (default: %(default)s)")
+    enc.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="(default: %(default)s)")
+    enc.add_argument("--batch-tokens", type=int, default=98304, help="patches per tower call (default: %(default)s)")
+    enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
+    enc.set_defaults(func=_encode)
+
     conv = sub.add_parser("convert", help="convert an HF checkpoint's vision tower to vitjax's orbax format")
     conv.add_argument("hf_dir", help="HF model directory (config.json + *.safetensors)")
     conv.add_argument("out_dir", help="output directory")

@@ -94,7 +94,8 @@ class VisionConfig:
             raw, where = json.loads(path.read_text()), str(path)
         model_type = raw.get("model_type")
         if model_type is not None and model_type not in _QWEN3_VL_TYPES:
-            raise ValueError(f"{where}: model_type {model_type!r} is not a Qwen3-VL model ({', '.join(_QWEN3_VL_TYPES)})")
+            known = ", ".join(_QWEN3_VL_TYPES)
+            raise ValueError(f"{where}: model_type {model_type!r} is not a Qwen3-VL model ({known})")
         vision = raw.get("vision_config", raw)
         missing = [k for k in _REQUIRED if k not in vision]
         if missing:

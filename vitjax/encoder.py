@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import os
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
 from vitjax import layout, weights
-from vitjax.attention import Segments, default_implementation
+from vitjax.attention import Segments, check_implementation, default_implementation
+from vitjax.buckets import Bucket, BucketPolicy, Engine
+from vitjax.cache import EmbeddingCache, pixel_digest
 from vitjax.config import VisionConfig
+from vitjax.images import ImageInputError, expand_inputs, load_image
 from vitjax.model import TowerInputs, VisionTower
+from vitjax.preprocess import preprocess_image
+
+MIN_PIXELS, MAX_PIXELS = 65536, 16777216
+BATCH_TOKENS = 98304  # patches per tower call when encoding images: 20 photos of 960x1280
 
 
 def abstract_tower(cfg: VisionConfig, dtype: jnp.dtype) -> VisionTower:
@@ -26,21 +38,42 @@ def _forward(graph: nnx.GraphDef, state: nnx.State, pixels: jax.Array, inputs: T
     return nnx.merge(graph, state)(pixels, inputs, impl)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _take_rows(out: jax.Array, start: jax.Array, rows: int) -> jax.Array:
-    """Rows [start, start+rows) of the output; compiled per row count, not per offset."""
-    return jax.lax.dynamic_slice_in_dim(out, start, rows)
+@dataclass(frozen=True)
+class Encoded:
+    """One image's tower output, split the way Qwen3-VL's language model consumes it."""
+
+    name: str
+    grid_thw: tuple[int, int, int]
+    sha256: str  # of the decoded RGB pixels
+    embeds: jax.Array  # [tokens, out_hidden]: the final merger
+    deepstack: jax.Array  # [len(deepstack_visual_indexes), tokens, out_hidden]
 
 
 class Encoder:
-    """Qwen3-VL vision tower: `encode_patches(pixel_values, grid_thw)` -> one array per image/video."""
+    """Qwen3-VL vision tower: `encode(images)` or `encode_patches(pixel_values, grid_thw)`.
 
-    def __init__(self, cfg: VisionConfig, model: VisionTower, attention: str | None = None):
+    `model_id` names the weights in the embedding cache's keys (a path, a seed); `cache_bytes` bounds
+    the per-image cache (0 disables it).
+    """
+
+    def __init__(
+        self,
+        cfg: VisionConfig,
+        model: VisionTower,
+        attention: str | None = None,
+        model_id: str | None = None,
+        cache_bytes: int = 1 << 30,
+        buckets: BucketPolicy | None = None,
+    ):
         self.cfg = cfg
         self.dtype = model.dtype
-        self.attention = attention or default_implementation()
+        self.attention = check_implementation(attention) if attention else default_implementation()
+        self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
+        self.cache = EmbeddingCache(cache_bytes)
+        self.images_encoded = 0
         self._graph, self._state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
+        self.engine = Engine(cfg, self._graph, self._state, self.attention, buckets)
 
     @classmethod
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
@@ -60,12 +93,13 @@ class Encoder:
         else:
             cfg = VisionConfig.from_hf(path)
             params = weights.load_hf(path, cfg, progress=progress)
-        return cls.from_params(cfg, params, dtype, **kw)
+        return cls.from_params(cfg, params, dtype, **{"model_id": str(Path(path).resolve()), **kw})
 
     @classmethod
     def random(cls, cfg: VisionConfig | str, seed: int = 0, dtype: str = "bfloat16", **kw) -> Encoder:
         """Random weights (smoke runs and benchmarks); `cfg` may be a preset name."""
         cfg = VisionConfig.preset(cfg) if isinstance(cfg, str) else cfg
+        kw.setdefault("model_id", f"random:{seed}:{cfg}")
         return cls(cfg, VisionTower(cfg, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed)), **kw)
 
     @property
@@ -83,13 +117,17 @@ class Encoder:
             raise ValueError(f"grid_thw rows {bad} must be positive with h and w divisible by {m}")
         tokens = int(grid.prod(axis=1).sum())
         if pixel_values.ndim != 2 or pixel_values.shape != (tokens, self.cfg.patch_dim):
-            raise ValueError(
-                f"pixel_values has shape {list(pixel_values.shape)}, but grid_thw needs [{tokens}, {self.cfg.patch_dim}]"
-            )
+            need = [tokens, self.cfg.patch_dim]
+            raise ValueError(f"pixel_values has shape {list(pixel_values.shape)}, but grid_thw needs {need}")
         return [tuple(int(v) for v in g) for g in grid]
 
+    def warmup(self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str = "float32") -> dict[Bucket, float]:
+        """Compile the bucket executables now (default: every bucket of the policy), or load them from the
+        persistent compilation cache; returns seconds per bucket."""
+        return self.engine.warmup(buckets, np.dtype(pixel_dtype))
+
     def run_packed(self, pixel_values: jax.Array | np.ndarray, packed: layout.Packed) -> jax.Array:
-        """One tower call on an already packed sequence: `[T/4, output_width]` on device."""
+        """One unbucketed tower call on an already packed sequence (compiled per shape): `[T/4, output_width]`."""
         inputs = TowerInputs(
             jnp.asarray(packed.pos_index),
             jnp.asarray(packed.pos_weight),
@@ -98,10 +136,116 @@ class Encoder:
         )
         return self._forward(self._state, jnp.asarray(pixel_values), inputs, impl=self.attention)
 
-    def encode_patches(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> list[jax.Array]:
-        """Pixel rows (HF processor output, concatenated) -> per image/video `[t*h*w/4, output_width]`."""
-        pixel_values = np.asarray(pixel_values)
+    def encode_patches(self, pixel_values: np.ndarray | jax.Array, grid_thw: np.ndarray) -> list[np.ndarray]:
+        """Pixel rows (HF processor output, concatenated) -> per image/video `[t*h*w/4, output_width]`.
+
+        Runs in bucketed calls of whole images (see `vitjax.buckets`); results are host arrays in input order.
+        """
+        if not isinstance(pixel_values, jax.Array):
+            pixel_values = np.asarray(pixel_values)
         grids = self.check_inputs(pixel_values, grid_thw)
-        packed = layout.pack(grids, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
-        out = self.run_packed(pixel_values, packed)
-        return [_take_rows(out, start, rows) for start, rows in layout.split_points(grids, self.cfg.merge_unit)]
+        return self.engine.encode(pixel_values, grids)
+
+    def encode(
+        self,
+        images: Iterable[object] | object,
+        *,
+        min_pixels: int = MIN_PIXELS,
+        max_pixels: int = MAX_PIXELS,
+        batch_tokens: int = BATCH_TOKENS,
+        errors: str = "raise",
+        progress: bool = False,
+    ) -> list[Encoded | ImageInputError]:
+        """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) -> one `Encoded` each, in order.
+
+        Decoding and preprocessing run in threads; images are packed into tower calls of at most
+        `batch_tokens` patches; an image seen before (same pixels, settings and weights) comes from the
+        cache, and duplicates within a call are encoded once. With `errors="return"` a bad input yields
+        its `ImageInputError` in its slot and the rest are still encoded; with "raise" it is raised.
+        """
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return', not {errors!r}")
+        items = expand_inputs(images)
+        settings = (min_pixels, max_pixels)
+        workers = min(8, os.cpu_count() or 1)
+        with ThreadPoolExecutor(workers) as pool:
+            loaded = list(pool.map(lambda item: _guard(item[0], lambda: load_image(item[1], item[0])), items))
+            digests = [None if isinstance(img, ImageInputError) else pixel_digest(img) for img in loaded]
+            found: dict[str, object] = {}
+            todo: dict[str, int] = {}  # digest -> index of its first image, for the cache misses
+            for i, digest in enumerate(digests):
+                if digest is None or digest in found or digest in todo:
+                    continue
+                cached = self.cache.get((self.model_id, digest, settings))
+                if cached is None:
+                    todo[digest] = i
+                else:
+                    found[digest] = cached
+
+            def prepare(i: int):
+                p = self.cfg
+                return _guard(
+                    items[i][0],
+                    lambda: preprocess_image(
+                        loaded[i],
+                        min_pixels,
+                        max_pixels,
+                        patch_size=p.patch_size,
+                        merge_size=p.spatial_merge_size,
+                        temporal_patch_size=p.temporal_patch_size,
+                    ),
+                )
+
+            prepared = dict(zip(todo, pool.map(prepare, todo.values()), strict=True))
+        ready = {d: v for d, v in prepared.items() if not isinstance(v, ImageInputError)}
+        with tqdm(total=len(ready), desc="encoding", unit="image", disable=not progress) as bar:
+            for chunk in _chunks(list(ready), lambda d: int(np.prod(ready[d][1])), batch_tokens):
+                pixels = np.concatenate([ready[d][0] for d in chunk])
+                outs = self.encode_patches(pixels, np.concatenate([ready[d][1] for d in chunk]))
+                for d, out in zip(chunk, outs, strict=True):
+                    found[d] = self._split(out, tuple(int(v) for v in ready[d][1][0]))
+                    self.cache.put((self.model_id, d, settings), found[d])
+                self.images_encoded += len(chunk)
+                bar.update(len(chunk))
+        results: list[Encoded | ImageInputError] = []
+        for (name, _), img, digest in zip(items, loaded, digests, strict=True):
+            failure = img if digest is None else prepared.get(digest)
+            if isinstance(failure, ImageInputError):
+                if errors == "raise":
+                    raise failure
+                results.append(failure)
+            else:
+                grid, embeds, deepstack = found[digest]
+                results.append(Encoded(name, grid, digest, embeds, deepstack))
+        return results
+
+    def _split(self, out: jax.Array, grid: layout.Grid) -> tuple[layout.Grid, jax.Array, jax.Array]:
+        """`[tokens, out*(1+k)]` -> (grid, embeds `[tokens, out]`, deepstack `[k, tokens, out]`)."""
+        width = self.cfg.out_hidden_size
+        taps = len(self.cfg.deepstack_visual_indexes)
+        deepstack = out[:, width:].reshape(out.shape[0], taps, width).transpose(1, 0, 2)
+        return grid, out[:, :width], deepstack
+
+
+def _guard(name: str, work):
+    """Run `work`, turning a ValueError into an `ImageInputError` naming the input (returned, not raised)."""
+    try:
+        return work()
+    except ImageInputError as e:
+        return e
+    except ValueError as e:
+        return ImageInputError(name, str(e))
+
+
+def _chunks(keys: list, size, budget: int) -> list[list]:
+    """Greedy, order-preserving groups whose sizes add up to at most `budget` (an oversize item goes alone)."""
+    groups: list[list] = []
+    total = budget + 1
+    for key in keys:
+        n = size(key)
+        if total + n > budget:
+            groups.append([])
+            total = 0
+        groups[-1].append(key)
+        total += n
+    return groups

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 
@@ -36,8 +36,8 @@ def _is_single(inputs: object) -> bool:
     return isinstance(inputs, (str, os.PathLike, bytes, bytearray, memoryview, Image.Image, np.ndarray))
 
 
-def _default_name(source: object, index: int) -> str:
-    """A path names itself; anything else is named by kind and its position among the inputs."""
+def input_name(source: object, index: int = 0) -> str:
+    """How errors name an input: a path names itself, anything else its kind and position among the inputs."""
     if isinstance(source, str) and source.startswith("data:"):
         return f"<data URI #{index}>"
     if isinstance(source, (str, os.PathLike)):
@@ -53,13 +53,9 @@ def _default_name(source: object, index: int) -> str:
 
 def _images_under(directory: Path) -> list[Path]:
     """Image files below `directory`, recursively, sorted; hidden files and folders are skipped."""
-    found = []
-    for path in directory.rglob("*"):
-        rel = path.relative_to(directory)
-        if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file():
-            if not any(part.startswith(".") for part in rel.parts):
-                found.append(path)
-    return sorted(found)
+    found = (p for p in directory.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    visible = (p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts))
+    return sorted(visible)
 
 
 def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str, object]]:
@@ -75,10 +71,10 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
         if isinstance(source, (str, os.PathLike)) and not str(source).startswith("data:"):
             path = Path(source)
             if path.is_dir():
-                found = _images_under(path)
-                pairs.extend((str(p), p) for p in found) if found else pairs.append((str(path), path))
+                found = _images_under(path) or [path]
+                pairs.extend((str(p), p) for p in found)
                 continue
-        pairs.append((_default_name(source, index), source))
+        pairs.append((input_name(source, index), source))
     return pairs
 
 
@@ -93,8 +89,6 @@ def _data_uri_bytes(uri: str) -> bytes:
 
 
 def _read_path(path: Path) -> bytes:
-    if str(path).startswith(("http://", "https://")):
-        raise ValueError("URLs are not fetched; download the image and pass its bytes or path")
     if path.is_dir():
         if not _images_under(path):
             exts = ", ".join(sorted(e[1:] for e in IMAGE_EXTENSIONS))
@@ -108,11 +102,13 @@ def _read_path(path: Path) -> bytes:
         raise ValueError(f"cannot read file ({e.strerror or e})") from e
 
 
-def _check_pixel_limit(image: Image.Image) -> None:
-    """Refuse images above PIL's decompression-bomb limit before their pixels are decoded.
+def _check_size(image: Image.Image) -> None:
+    """Refuse empty images, and images above PIL's decompression-bomb limit before their pixels are decoded.
 
     PIL itself only warns between 1x and 2x `Image.MAX_IMAGE_PIXELS`; a server must not decode those.
     """
+    if image.width == 0 or image.height == 0:
+        raise ValueError(f"image has no pixels ({image.width}x{image.height})")
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and image.width * image.height > limit:
         raise ValueError(
@@ -127,11 +123,11 @@ def _decode(data: bytes) -> Image.Image:
         raise ValueError("empty input (0 bytes)")
     try:
         image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError as e:
-        raise ValueError("not a recognised image format (or a corrupt header)") from e
     except Image.DecompressionBombError as e:
         raise ValueError(str(e)) from e
-    _check_pixel_limit(image)
+    except Exception as e:  # UnidentifiedImageError mostly; a few plugins raise their own errors
+        raise ValueError("not a recognised image format (or a corrupt header)") from e
+    _check_size(image)
     try:
         image.load()
     except Exception as e:  # PIL raises OSError, SyntaxError, EOFError, struct.error... on corrupt data
@@ -160,21 +156,16 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def _from_array(array: np.ndarray) -> Image.Image:
-    """uint8 HxW, HxWx3 or HxWx4 (channels last, always: no guessing as HF does for small images).
+    """uint8 HxW, HxWx3 or HxWx4, always channels last (HF guesses, and misreads e.g. a 3x500x3 array).
 
-    RGBA is composited onto white with HF's numpy formula (`convert_to_rgb` for arrays), which rounds
-    differently from PIL's `alpha_composite`.
+    RGBA then goes through the same compositing as PIL images; for arrays HF uses a numpy formula instead,
+    which gives identical pixels for every (value, alpha) pair (checked exhaustively in the tests).
     """
     if array.dtype != np.uint8:
         raise ValueError(f"array dtype must be uint8, got {array.dtype}")
     if not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] in (3, 4))) or 0 in array.shape:
         raise ValueError(f"array shape must be HxW, HxWx3 or HxWx4 (channels last), got {array.shape}")
-    if array.ndim == 2:
-        return Image.fromarray(array, mode="L").convert("RGB")
-    if array.shape[2] == 4:
-        alpha = array[..., 3:4] / 255
-        array = np.round(alpha * array[..., :3] + (1 - alpha) * 255).astype(np.uint8)
-    return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+    return Image.fromarray(np.ascontiguousarray(array))
 
 
 def load_image(source: object, name: str | None = None) -> Image.Image:
@@ -185,7 +176,7 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
     frame, BMP, TIFF), fully, so truncated files fail here. Images over `PIL.Image.MAX_IMAGE_PIXELS`
     are refused before decoding (arrays excepted: their pixels are already in memory).
 
-    Matches HF transformers 5.23 in these choices, each of which changes pixels:
+    Choices that change pixels, and how they relate to HF transformers 5.23:
     - EXIF orientation is applied (HF's `load_image` applies `ImageOps.exif_transpose`), to encoded
       inputs and to PIL images alike, so a photo gives the same pixels however it is passed. HF's image
       processor given a PIL image directly does not rotate it; for a PIL image still carrying an
@@ -197,17 +188,19 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
       rather than scaling: that is what HF's processor produces, so it is kept for parity.
     The result may be `source` itself when that is already an upright RGB PIL image.
     """
-    name = name if name is not None else _default_name(source, 0)
+    name = name if name is not None else input_name(source, 0)
     try:
         if isinstance(source, np.ndarray):
-            return _from_array(source)
-        if isinstance(source, Image.Image):
-            _check_pixel_limit(source)
+            image = _from_array(source)
+        elif isinstance(source, Image.Image):
+            _check_size(source)
             image = source
         elif isinstance(source, (bytes, bytearray, memoryview)):
             image = _decode(bytes(source))
         elif isinstance(source, str) and source.startswith("data:"):
             image = _decode(_data_uri_bytes(source))
+        elif isinstance(source, str) and source.startswith(("http://", "https://")):
+            raise ValueError("URLs are not fetched; download the image and pass its bytes or path")
         elif isinstance(source, (str, os.PathLike)):
             image = _decode(_read_path(Path(source)))
         else:
@@ -217,6 +210,4 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
         except Exception as e:  # a lazily opened PIL image decodes here; odd modes may not convert
             raise ValueError(f"cannot convert to RGB ({type(e).__name__}: {e})") from e
     except ValueError as e:
-        if isinstance(e, ImageInputError):
-            raise
         raise ImageInputError(name, str(e)) from e

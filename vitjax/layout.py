@@ -84,8 +84,10 @@ def pack(
     """Lay several images/videos end to end in one sequence, padded to `num_tokens` and `max_segments`.
 
     Each temporal group of each entry is its own attention segment; padding tokens belong to none.
+    Results are cached per arguments (a serving process sees the same layouts again and again) and
+    read-only.
     """
-    grids = [tuple(int(v) for v in g) for g in grids]
+    grids = tuple(tuple(int(v) for v in g) for g in grids)
     total = sum(grid_tokens(g) for g in grids)
     segments = sum(g[0] for g in grids)
     num_tokens = total if num_tokens is None else num_tokens
@@ -94,11 +96,19 @@ def pack(
         raise ValueError(f"{total} tokens do not fit in a bucket of {num_tokens}")
     if segments > max_segments:
         raise ValueError(f"{segments} frame segments do not fit in a bucket of {max_segments}")
+    return _pack(grids, num_tokens, max_segments, side, merge)
 
-    pos_index = np.zeros((num_tokens, 4), np.int32)
-    pos_weight = np.zeros((num_tokens, 4), np.float32)
-    rope_pos = np.zeros((num_tokens, 2), np.int32)
-    segment_ids = np.full(num_tokens, -1, np.int32)
+
+@functools.lru_cache(maxsize=32)
+def _pack(grids: tuple[Grid, ...], num_tokens: int, max_segments: int, side: int, merge: int) -> Packed:
+    total = sum(grid_tokens(g) for g in grids)
+    pos_index = np.empty((num_tokens, 4), np.int32)
+    pos_weight = np.empty((num_tokens, 4), np.float32)
+    rope_pos = np.empty((num_tokens, 2), np.int32)
+    segment_ids = np.empty(num_tokens, np.int32)
+    for a in (pos_index, pos_weight, rope_pos):
+        a[total:] = 0
+    segment_ids[total:] = -1
     starts = np.full(max_segments, num_tokens, np.int32)
     lengths = np.zeros(max_segments, np.int32)
     cursor, seg = 0, 0
@@ -110,7 +120,10 @@ def pack(
             segment_ids[cursor:end] = seg
             starts[seg], lengths[seg] = cursor, h * w
             cursor, seg = end, seg + 1
-    return Packed(pos_index, pos_weight, rope_pos, segment_ids, starts, lengths)
+    packed = Packed(pos_index, pos_weight, rope_pos, segment_ids, starts, lengths)
+    for a in packed:
+        a.flags.writeable = False
+    return packed
 
 
 def split_points(grids: Sequence[Grid], merge_unit: int = 4) -> list[tuple[int, int]]:

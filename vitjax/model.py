@@ -155,19 +155,22 @@ class VisionTower(nnx.Module):
         taps = len(cfg.deepstack_visual_indexes)
         self.deepstack_merger_list = _stacked(lambda r: PatchMerger(cfg, True, dtype, r), taps, rngs) if taps else None
 
-    def embed(self, pixels: jax.Array, inputs: TowerInputs) -> jax.Array:
-        """Patch embed plus the bilinearly interpolated learned position embedding (fp32 sum, one cast)."""
-        x = self.patch_embed(pixels)
+    def position_embedding(self, pos_index: jax.Array, pos_weight: jax.Array) -> jax.Array:
+        """Bilinear interpolation of the learned table at each token's taps, in fp32: `[T, D]`."""
         table = self.pos_embed.embedding[...]
-        pos = (table[inputs.pos_index].astype(F32) * inputs.pos_weight[..., None]).sum(axis=1)
-        return x + pos.astype(x.dtype)
+        return (table[pos_index].astype(F32) * pos_weight[..., None]).sum(axis=1)
 
-    def __call__(self, pixels: jax.Array, inputs: TowerInputs, impl: str = "reference") -> jax.Array:
+    def embed(self, pixels: jax.Array, inputs: TowerInputs) -> jax.Array:
+        """Patch embed plus the interpolated position embedding (fp32 sum, one cast)."""
+        x = self.patch_embed(pixels)
+        return x + self.position_embedding(inputs.pos_index, inputs.pos_weight).astype(x.dtype)
+
+    def run_blocks(self, x: jax.Array, inputs: TowerInputs, impl: str = "reference") -> tuple[jax.Array, jax.Array]:
+        """All blocks under one `scan` (one block compiled). Returns the last hidden state and the deepstack taps
+        `[K+1, T, D]`: each block writes its output to a slot, its deepstack index or the spare last slot."""
         cfg = self.cfg
-        x = self.embed(pixels, inputs)
         cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
         taps = len(cfg.deepstack_visual_indexes)
-        # Each block writes its output to a slot: its deepstack index, or the spare last slot.
         slots = np.full(cfg.depth, taps, np.int32)
         slots[list(cfg.deepstack_visual_indexes)] = np.arange(taps)
         graph, params = nnx.split(self.blocks)
@@ -180,9 +183,16 @@ class VisionTower(nnx.Module):
 
         tapped = jnp.zeros((taps + 1, *x.shape), x.dtype)
         (x, tapped), _ = jax.lax.scan(step, (x, tapped), (params, jnp.asarray(slots)))
+        return x, tapped
+
+    def merge(self, x: jax.Array, tapped: jax.Array) -> jax.Array:
+        """Final merger on the last hidden state, deepstack mergers on the taps, side by side."""
+        taps = len(self.cfg.deepstack_visual_indexes)
         outputs = [self.merger(x)]
         if taps:
-            mgraph, mparams = nnx.split(self.deepstack_merger_list)
-            deep = jax.vmap(lambda p, h: nnx.merge(mgraph, p)(h))(mparams, tapped[:taps])
-            outputs.extend(deep)
+            graph, params = nnx.split(self.deepstack_merger_list)
+            outputs.extend(jax.vmap(lambda p, h: nnx.merge(graph, p)(h))(params, tapped[:taps]))
         return jnp.concatenate(outputs, axis=-1)
+
+    def __call__(self, pixels: jax.Array, inputs: TowerInputs, impl: str = "reference") -> jax.Array:
+        return self.merge(*self.run_blocks(self.embed(pixels, inputs), inputs, impl))

@@ -117,7 +117,7 @@ def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
     keys: list[tuple[Path, str]] = []
     for file in files:
         with safe_open(file, framework="flax") as f:
-            keys.extend((file, k) for k in f.keys())
+            keys.extend((file, k) for k in f.keys())  # noqa: SIM118 (not a dict)
     foreign = [k for _, k in keys if k.startswith(FOREIGN_PREFIXES)]
     if foreign:
         raise CheckpointError(f"tensor {foreign[0]} belongs to a different vision tower (not Qwen3-VL)")
@@ -168,8 +168,8 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
         open_files.clear()
     missing = [k for k in table if k not in seen]
     if missing:
-        shown = ", ".join(prefix + k for k in missing[:8])
-        raise CheckpointError(f"{path}: {len(missing)} vision tensors missing: {shown}{' ...' if len(missing) > 8 else ''}")
+        shown = ", ".join(prefix + k for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise CheckpointError(f"{path}: {len(missing)} vision tensors missing: {shown}")
     return params
 
 

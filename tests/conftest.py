@@ -1,0 +1,100 @@
+"""Shared fixtures: tiny HF Qwen3-VL vision towers built and saved locally (no hub), and grid helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+import vitjax
+
+# head_dim 64 (like 2B/4B) and 72 (like 8B and larger), deepstack taps at different blocks.
+TINY = {
+    "hd64": vitjax.VisionConfig(
+        depth=3, hidden_size=128, num_heads=2, intermediate_size=96, out_hidden_size=40, deepstack_visual_indexes=(0, 2)
+    ),
+    "hd72": vitjax.VisionConfig(
+        depth=4, hidden_size=144, num_heads=2, intermediate_size=80, out_hidden_size=48, deepstack_visual_indexes=(1, 2)
+    ),
+}
+# Several images and a t=2 video packed together; non-square grids; a single 2x2 image.
+GRIDS = [(1, 6, 8), (2, 4, 10), (1, 2, 2), (1, 12, 4)]
+
+
+def hf_vision_config(cfg: vitjax.VisionConfig) -> Qwen3VLVisionConfig:
+    fields = dataclasses.asdict(cfg)
+    fields["deepstack_visual_indexes"] = list(cfg.deepstack_visual_indexes)
+    fields["rope_parameters"] = {"rope_type": "axial", "rope_theta": fields.pop("rope_theta")}
+    return Qwen3VLVisionConfig(**fields)
+
+
+def randomize(module: torch.nn.Module, seed: int) -> None:
+    """HF's init leaves LayerNorms at identity and biases at zero; perturb everything so parity means something."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            p.copy_(1 + noise if "norm" in name and name.endswith("weight") else noise)
+
+
+def hf_vision_model(cfg: vitjax.VisionConfig, seed: int = 0) -> Qwen3VLVisionModel:
+    torch.manual_seed(seed)
+    model = Qwen3VLVisionModel._from_config(hf_vision_config(cfg), dtype=torch.float32).eval()
+    randomize(model, seed)
+    return model
+
+
+def hf_full_model(cfg: vitjax.VisionConfig, seed: int = 0) -> Qwen3VLForConditionalGeneration:
+    """A whole (tiny) Qwen3-VL: vision tower under `model.visual.`, plus a language model to be skipped."""
+    text = {
+        "hidden_size": cfg.out_hidden_size,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "vocab_size": 300,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    }
+    config = Qwen3VLConfig(vision_config=hf_vision_config(cfg).to_dict(), text_config=text)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration._from_config(config, dtype=torch.float32).eval()
+    randomize(model.model.visual, seed)
+    return model
+
+
+def pixels_for(grids: list[tuple[int, int, int]], cfg: vitjax.VisionConfig, seed: int = 0) -> np.ndarray:
+    tokens = sum(t * h * w for t, h, w in grids)
+    return np.random.default_rng(seed).standard_normal((tokens, cfg.patch_dim), dtype=np.float32)
+
+
+def hf_outputs(model: Qwen3VLVisionModel, pixels: np.ndarray, grids) -> np.ndarray:
+    """HF's merged output and deepstack features in SGLang's column layout."""
+    with torch.no_grad():
+        out = model(torch.from_numpy(pixels), grid_thw=torch.tensor(grids))
+    return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).numpy()
+
+
+def assert_close_to_scale(got: np.ndarray, ref: np.ndarray, rel: float = 1e-5) -> None:
+    """max |got - ref| <= rel * max |ref|: the tolerance the parity tests are held to."""
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    err, scale = float(np.abs(got - ref).max()), float(np.abs(ref).max())
+    assert scale > 0 and err <= rel * scale, f"max abs error {err:.3g} > {rel:g} x output scale {scale:.3g}"
+
+
+@pytest.fixture(scope="session", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    """(config, HF vision model, saved HF directory) for each tiny config."""
+    cfg = TINY[request.param]
+    model = hf_vision_model(cfg)
+    path = tmp_path_factory.mktemp(f"hf-{request.param}")
+    model.save_pretrained(path)
+    return cfg, model, path

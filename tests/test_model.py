@@ -1,0 +1,188 @@
+"""Parity of the Flax tower with HF transformers' Qwen3VLVisionModel, per component and end to end, in fp32."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from conftest import GRIDS, assert_close_to_scale, hf_outputs, pixels_for
+from flax import nnx
+from transformers import vision_utils
+
+import vitjax
+from vitjax import layout
+from vitjax.attention import Segments
+from vitjax.model import apply_rotary, rotary_tables
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny):
+    cfg, hf, path = tiny
+    enc = vitjax.Encoder.from_pretrained(path, dtype="float32")
+    return cfg, hf, enc, nnx.merge(enc._graph, enc._state)
+
+
+def _packed(cfg, grids):
+    packed = layout.pack(grids, side=cfg.grid_side, merge=cfg.spatial_merge_size)
+    segments = Segments(*(jnp.asarray(a) for a in packed[3:]))
+    return packed, segments
+
+
+def _block(stacked, i):
+    graph, params = nnx.split(stacked)
+    return nnx.merge(graph, jax.tree.map(lambda a: a[i], params))
+
+
+def _hf_rotary(hf, grids, tokens):
+    position_ids = vision_utils.get_vision_position_ids(torch.tensor(grids), 2)
+    return hf.rotary_pos_emb(torch.zeros(tokens, 1), position_ids)
+
+
+def _cu_seqlens(grids):
+    return vision_utils.get_vision_cu_seqlens(torch.tensor(grids))
+
+
+def test_patch_embed(loaded):
+    cfg, hf, _, model = loaded
+    x = pixels_for(GRIDS, cfg)
+    with torch.no_grad():
+        ref = hf.patch_embed(torch.from_numpy(x)).numpy()
+    assert_close_to_scale(np.asarray(model.patch_embed(jnp.asarray(x))), ref)
+
+
+def test_position_embedding(loaded):
+    """Patch embed + interpolated position embedding == HF's input to block 0."""
+    cfg, hf, enc, model = loaded
+    x = pixels_for(GRIDS, cfg)
+    seen = {}
+    handle = hf.blocks[0].register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0].clone()))
+    try:
+        hf_outputs(hf, x, GRIDS)
+    finally:
+        handle.remove()
+    packed, segments = _packed(cfg, GRIDS)
+    inputs = vitjax.model.TowerInputs(jnp.asarray(packed.pos_index), jnp.asarray(packed.pos_weight), None, segments)
+    assert_close_to_scale(np.asarray(model.embed(jnp.asarray(x), inputs)), seen["x"].numpy())
+
+
+def test_rotary_tables(loaded):
+    cfg, hf, _, _ = loaded
+    packed, _ = _packed(cfg, GRIDS)
+    cos, sin = rotary_tables(jnp.asarray(packed.rope_pos), cfg.head_dim, cfg.rope_theta)
+    ref_cos, ref_sin = _hf_rotary(hf, GRIDS, len(packed.rope_pos))
+    assert cos.shape == (len(packed.rope_pos), cfg.head_dim)
+    np.testing.assert_allclose(np.asarray(cos), ref_cos.numpy(), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(sin), ref_sin.numpy(), atol=1e-6)
+
+
+def test_apply_rotary_matches_hf(loaded):
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+    cfg, hf, _, _ = loaded
+    packed, _ = _packed(cfg, GRIDS)
+    cos, sin = rotary_tables(jnp.asarray(packed.rope_pos), cfg.head_dim, cfg.rope_theta)
+    q = np.random.default_rng(1).standard_normal((len(packed.rope_pos), cfg.num_heads, cfg.head_dim), np.float32)
+    ref, _ = apply_rotary_pos_emb_vision(torch.from_numpy(q), torch.from_numpy(q), *_hf_rotary(hf, GRIDS, len(q)))
+    assert_close_to_scale(np.asarray(apply_rotary(jnp.asarray(q), cos, sin)), ref.numpy())
+
+
+def _block_inputs(cfg, hf, seed=2):
+    packed, segments = _packed(cfg, GRIDS)
+    cos, sin = rotary_tables(jnp.asarray(packed.rope_pos), cfg.head_dim, cfg.rope_theta)
+    h = np.random.default_rng(seed).standard_normal((len(packed.rope_pos), cfg.hidden_size), np.float32)
+    return h, cos, sin, segments, _hf_rotary(hf, GRIDS, len(h))
+
+
+def test_attention(loaded):
+    cfg, hf, _, model = loaded
+    h, cos, sin, segments, rope = _block_inputs(cfg, hf)
+    with torch.no_grad():
+        ref = hf.blocks[1].attn(torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=rope)
+    got = _block(model.blocks, 1).attn(jnp.asarray(h), cos, sin, segments, "reference")
+    assert_close_to_scale(np.asarray(got), ref.numpy())
+
+
+@pytest.mark.parametrize("index", [0, -1])
+def test_block(loaded, index):
+    cfg, hf, _, model = loaded
+    h, cos, sin, segments, rope = _block_inputs(cfg, hf)
+    index %= cfg.depth
+    with torch.no_grad():
+        ref = hf.blocks[index](torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=rope)
+    got = _block(model.blocks, index)(jnp.asarray(h), cos, sin, segments, "reference")
+    assert_close_to_scale(np.asarray(got), ref.numpy())
+
+
+def test_mergers(loaded):
+    """The final merger normalizes before the 2x2 shuffle, the deepstack mergers after it."""
+    cfg, hf, _, model = loaded
+    h = np.random.default_rng(3).standard_normal((64, cfg.hidden_size), np.float32)
+    with torch.no_grad():
+        ref = hf.merger(torch.from_numpy(h)).numpy()
+        refs = [m(torch.from_numpy(h)).numpy() for m in hf.deepstack_merger_list]
+    assert_close_to_scale(np.asarray(model.merger(jnp.asarray(h))), ref)
+    assert len(refs) == len(cfg.deepstack_visual_indexes) > 0
+    for k, r in enumerate(refs):
+        assert_close_to_scale(np.asarray(_block(model.deepstack_merger_list, k)(jnp.asarray(h))), r)
+
+
+@pytest.mark.parametrize(
+    "grids",
+    [GRIDS, [(1, 2, 2)], [(1, 10, 4), (1, 4, 10)], [(2, 6, 6)]],
+    ids=["packed-with-video", "single-2x2", "non-square", "video-t2"],
+)
+def test_tower_matches_hf(loaded, grids):
+    cfg, hf, enc, _ = loaded
+    x = pixels_for(grids, cfg, seed=len(grids))
+    ref = hf_outputs(hf, x, grids)
+    outs = enc.encode_patches(x, np.array(grids))
+    assert [o.shape for o in outs] == [(t * h * w // 4, cfg.output_width) for t, h, w in grids]
+    assert_close_to_scale(np.concatenate([np.asarray(o) for o in outs]), ref)
+
+
+def test_video_frames_do_not_attend_to_each_other(loaded):
+    """Changing the second temporal group leaves the first group's tokens untouched, and vice versa."""
+    cfg, _, enc, _ = loaded
+    grid = (2, 4, 6)
+    x = pixels_for([grid], cfg)
+    y = x.copy()
+    y[24:] += 1.0
+    a, b = (np.asarray(enc.encode_patches(p, np.array([grid]))[0]) for p in (x, y))
+    np.testing.assert_array_equal(a[:6], b[:6])
+    assert np.abs(a[6:] - b[6:]).max() > 1e-3
+
+
+def test_images_in_one_call_are_independent(loaded):
+    cfg, _, enc, _ = loaded
+    x = pixels_for(GRIDS, cfg)
+    together = enc.encode_patches(x, np.array(GRIDS))
+    start = 0
+    for grid, out in zip(GRIDS, together, strict=True):
+        n = grid[0] * grid[1] * grid[2]
+        alone = enc.encode_patches(x[start : start + n], np.array([grid]))[0]
+        np.testing.assert_allclose(np.asarray(out), np.asarray(alone), atol=1e-5 * float(np.abs(alone).max()))
+        start += n
+
+
+def test_bfloat16_close_to_hf(loaded):
+    """bf16 weights and activations stay near the fp32 oracle (norms, softmax, rotary in fp32)."""
+    cfg, hf, _, model = loaded
+    x = pixels_for(GRIDS, cfg)
+    ref = hf_outputs(hf, x, GRIDS)
+    bf = vitjax.Encoder.from_params(cfg, nnx.to_pure_dict(nnx.state(model)), dtype="bfloat16")
+    got = np.concatenate([np.asarray(o, np.float32) for o in bf.encode_patches(x, np.array(GRIDS))])
+    cos = (got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref)
+    assert bf.dtype == jnp.bfloat16 and cos > 0.999, cos
+
+
+def test_bad_shapes_are_rejected(loaded):
+    cfg, _, enc, _ = loaded
+    x = pixels_for([(1, 4, 4)], cfg)
+    with pytest.raises(ValueError, match=r"pixel_values has shape \[16, 1536\], but grid_thw needs \[32, 1536\]"):
+        enc.encode_patches(x, np.array([[2, 4, 4]]))
+    with pytest.raises(ValueError, match="divisible by 2"):
+        enc.encode_patches(pixels_for([(1, 3, 4)], cfg), np.array([[1, 3, 4]]))
+    with pytest.raises(ValueError, match=r"grid_thw must be an integer array \[n, 3\]"):
+        enc.encode_patches(x, np.array([1, 4, 4]))

@@ -1,0 +1,153 @@
+"""HF checkpoint loading (prefixes, shards, full models), strict validation, and the orbax converter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, pixels_for
+from safetensors.torch import load_file, save_file
+
+import vitjax
+from vitjax import weights
+from vitjax.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _encode(enc, cfg, grids=GRIDS):
+    x = pixels_for(grids, cfg)
+    return x, np.concatenate([np.asarray(o) for o in enc.encode_patches(x, np.array(grids))])
+
+
+@pytest.fixture(scope="module")
+def full_model(tmp_path_factory):
+    """A whole tiny Qwen3-VL saved in sharded form: vision under `model.visual.`, LM tensors beside it."""
+    cfg = TINY["hd64"]
+    model = hf_full_model(cfg)
+    path = tmp_path_factory.mktemp("hf-full")
+    model.save_pretrained(path, max_shard_size="300KB")
+    return cfg, model, path
+
+
+def test_full_sharded_checkpoint_skips_language_model(full_model, monkeypatch):
+    cfg, model, path = full_model
+    assert (path / weights.INDEX_FILE).is_file() and len(list(path.glob("*.safetensors"))) > 2
+    read: list[str] = []
+    real_open = weights.safe_open
+
+    class Recording:
+        def __init__(self, *a, **k):
+            self._f = real_open(*a, **k)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+        def get_tensor(self, key):
+            read.append(key)
+            return self._f.get_tensor(key)
+
+    monkeypatch.setattr(weights, "safe_open", Recording)
+    enc = vitjax.Encoder.from_pretrained(path, dtype="float32")
+    assert read and all(k.startswith("model.visual.") for k in read)
+    assert len(read) == len(weights.weight_map(cfg))
+    x, got = _encode(enc, cfg)
+    assert_close_to_scale(got, hf_outputs(model.model.visual, x, GRIDS))
+
+
+def test_bare_visual_prefix(tiny, tmp_path):
+    """Third-party splits name the tower `visual.*`."""
+    cfg, hf, path = tiny
+    tensors = load_file(path / "model.safetensors")
+    save_file({f"visual.{k}": v for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    x, got = _encode(vitjax.Encoder.from_pretrained(tmp_path, dtype="float32"), cfg)
+    assert_close_to_scale(got, hf_outputs(hf, x, GRIDS))
+
+
+def _corrupt(tiny, tmp_path, edit):
+    cfg, _, path = tiny
+    tensors = {f"model.visual.{k}": v for k, v in load_file(path / "model.safetensors").items()}
+    edit(tensors)
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    return tmp_path
+
+
+def test_missing_tensor_is_named(tiny, tmp_path):
+    path = _corrupt(tiny, tmp_path, lambda t: t.pop("model.visual.blocks.1.mlp.linear_fc2.bias"))
+    with pytest.raises(
+        weights.CheckpointError, match=r"1 vision tensors missing: model\.visual\.blocks\.1\.mlp\.linear_fc2\.bias"
+    ):
+        vitjax.Encoder.from_pretrained(path)
+
+
+def test_unexpected_tensor_is_named(tiny, tmp_path):
+    path = _corrupt(tiny, tmp_path, lambda t: t.update({"model.visual.blocks.99.norm1.weight": torch.ones(3)}))
+    with pytest.raises(weights.CheckpointError, match=r"unexpected tensor model\.visual\.blocks\.99\.norm1\.weight"):
+        vitjax.Encoder.from_pretrained(path)
+
+
+def test_misshaped_tensor_is_named(tiny, tmp_path):
+    cfg = tiny[0]
+    key = "model.visual.merger.linear_fc1.weight"
+    path = _corrupt(tiny, tmp_path, lambda t: t.update({key: t[key][:, :-4].contiguous()}))
+    wide = cfg.hidden_size * 4
+    with pytest.raises(
+        weights.CheckpointError, match=rf"tensor {key} has shape \[{wide}, {wide - 4}\], expected \[{wide}, {wide}\]"
+    ):
+        vitjax.Encoder.from_pretrained(path)
+
+
+def test_foreign_and_empty_checkpoints(tiny, tmp_path):
+    path = _corrupt(tiny, tmp_path, lambda t: t.update({"thinker.visual.merger.ln_q.weight": torch.ones(3)}))
+    with pytest.raises(weights.CheckpointError, match=r"thinker\.visual\.merger\.ln_q\.weight belongs to a different"):
+        vitjax.Encoder.from_pretrained(path)
+    save_file({"model.language_model.norm.weight": torch.ones(4)}, tmp_path / "model.safetensors")
+    with pytest.raises(weights.CheckpointError, match="no vision tower tensors"):
+        vitjax.Encoder.from_pretrained(tmp_path)
+
+
+def test_config_mismatch_is_named(tiny, tmp_path):
+    """A checkpoint with more blocks than its config says: the extra block's tensors are named."""
+    cfg, _, path = tiny
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    smaller = {**cfg.to_hf(), "depth": cfg.depth - 1, "deepstack_visual_indexes": [0]}
+    (other / "config.json").write_text(json.dumps(smaller))
+    with pytest.raises(
+        weights.CheckpointError, match=rf"unexpected tensor blocks\.{cfg.depth - 1}\.|deepstack_merger_list\.1"
+    ):
+        vitjax.Encoder.from_pretrained(other)
+
+
+def test_converter_round_trip(full_model, tmp_path):
+    """HF dir -> orbax (CLI and script) -> Encoder gives exactly what loading HF directly gives."""
+    cfg, _, path = full_model
+    direct = _encode(vitjax.Encoder.from_pretrained(path, dtype="float32"), cfg)[1]
+    assert cli_main(["convert", str(path), str(tmp_path / "cli"), "--quiet"]) == 0
+    script = subprocess.run(
+        [sys.executable, str(REPO / "checkpoints" / "convert_hf.py"), str(path), str(tmp_path / "script")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert script.returncode == 0, script.stderr
+    for out in ("cli", "script"):
+        assert weights.is_orbax(tmp_path / out)
+        enc = vitjax.Encoder.from_pretrained(tmp_path / out, dtype="float32")
+        assert enc.cfg == cfg
+        np.testing.assert_array_equal(_encode(enc, cfg)[1], direct)

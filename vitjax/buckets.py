@@ -1,0 +1,269 @@
+"""Static-shape buckets: the bucket policy, packing requests into buckets, and the table of AOT executables.
+
+XLA compiles one program per input shape. Every tower call is padded to one of a small set of bucket
+shapes (tokens, frame segments), so a process compiles each bucket once, ahead of time at warm-up or
+on first use, loads it from the persistent compilation cache when another process compiled it before,
+and never compiles again. Padding tokens sit after the last image, belong to no segment (id -1) and
+are neither attended nor attending; unused segment slots start at T with length 0.
+
+Host pixels travel in fixed-size row chunks (views of the caller's array, only the last partial chunk
+copied) and are concatenated on the device, so neither the host nor the device does a shape-dependent
+pad. Results come back with one device-to-host copy per call, split on the host into per-image views.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vitjax import layout
+from vitjax.attention import Segments
+from vitjax.config import VisionConfig
+from vitjax.model import TowerInputs
+
+CACHE_ENV = "VITJAX_CACHE_DIR"
+# Token sizes step by ~1.25x (multiples of 1024): at most ~25% padded rows, and attention skips them.
+DEFAULT_TOKENS = tuple(k * 1024 for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128))
+DEFAULT_SEGMENTS = (1, 4, 16, 64)
+# Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens).
+MAX_CHUNK_ROWS = 2048
+
+
+class Bucket(NamedTuple):
+    """One compiled shape: `tokens` rows, up to `segments` frames (images, or temporal groups of a video)."""
+
+    tokens: int
+    segments: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPolicy:
+    """Which bucket shapes exist, and how a request is cut into calls.
+
+    `tokens` and `segments` are ascending ladders; a call gets the smallest bucket holding it. An image
+    larger than the largest bucket gets a dedicated one, its tokens rounded up to `granule`.
+    """
+
+    tokens: tuple[int, ...] = DEFAULT_TOKENS
+    segments: tuple[int, ...] = DEFAULT_SEGMENTS
+    granule: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "segments"):
+            ladder = tuple(int(v) for v in getattr(self, name))
+            if not ladder or list(ladder) != sorted(set(ladder)) or ladder[0] < 1:
+                raise ValueError(f"bucket {name} must be ascending positive integers, got {ladder}")
+            object.__setattr__(self, name, ladder)
+        bad = [t for t in (*self.tokens, self.granule) if t % 4]
+        if bad:
+            raise ValueError(f"bucket token sizes must be multiples of 4 (2x2 merge groups), got {bad}")
+
+    def fit(self, tokens: int, segments: int) -> Bucket:
+        """The smallest bucket holding a call; a dedicated one past the ladders."""
+        i = bisect.bisect_left(self.tokens, tokens)
+        t = self.tokens[i] if i < len(self.tokens) else -(-tokens // self.granule) * self.granule
+        j = bisect.bisect_left(self.segments, segments)
+        return Bucket(t, self.segments[j] if j < len(self.segments) else segments)
+
+    def plan(self, grids: Sequence[layout.Grid]) -> list[tuple[Bucket, list[int]]]:
+        """Cut a request into calls of whole images, in input order, each as full as the largest bucket allows."""
+        calls: list[list[int]] = []
+        tokens = segments = 0
+        for i, grid in enumerate(grids):
+            n, s = layout.grid_tokens(grid), grid[0]
+            if calls and tokens + n <= self.tokens[-1] and segments + s <= self.segments[-1]:
+                calls[-1].append(i)
+                tokens, segments = tokens + n, segments + s
+            else:
+                calls.append([i])
+                tokens, segments = n, s
+        return [(self.fit(sum(layout.grid_tokens(grids[i]) for i in c), sum(grids[i][0] for i in c)), c) for c in calls]
+
+    def buckets(self) -> list[Bucket]:
+        """Every bucket of the ladders (the default warm-up set): segments never outnumber 2x2 groups."""
+        return [Bucket(t, s) for t in self.tokens for s in self.segments if s <= t // 4]
+
+
+def enable_compilation_cache() -> str | None:
+    """Turn on XLA's persistent compilation cache so a second process starts warm; returns its directory.
+
+    A directory the user configured for JAX is kept. Otherwise `$VITJAX_CACHE_DIR`, else
+    `~/.cache/vitjax/xla` (under `$XDG_CACHE_HOME` if set); `VITJAX_CACHE_DIR=off` disables it.
+    """
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return current
+    path = os.environ.get(CACHE_ENV)
+    if path is not None and path.strip().lower() in ("", "0", "off", "none"):
+        return None
+    if path is None:
+        path = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitjax" / "xla")
+    jax.config.update("jax_compilation_cache_dir", path)
+    return path
+
+
+class Call(NamedTuple):
+    """One dispatched tower call: its packed output on the device and where each image's rows are."""
+
+    output: jax.Array  # [bucket tokens / 4, output width]
+    images: list[int]  # indices into the request
+    spans: list[tuple[int, int]]  # (first output row, rows) per image
+
+
+def _program(
+    graph: nnx.GraphDef,
+    impl: str,
+    max_length: int,
+    state: nnx.State,
+    chunks: tuple[jax.Array, ...],
+    pos_index: jax.Array,
+    pos_weight: jax.Array,
+    rope_pos: jax.Array,
+    ids: jax.Array,
+    starts: jax.Array,
+    lengths: jax.Array,
+) -> jax.Array:
+    """The bucket executable: pixel chunks and packed layout in, merged tokens out."""
+    pixels = jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    inputs = TowerInputs(pos_index, pos_weight, rope_pos, Segments(ids, starts, lengths, max_length))
+    return nnx.merge(graph, state)(pixels, inputs, impl)
+
+
+class Engine:
+    """Runs the tower on bucketed calls through a table of ahead-of-time compiled executables."""
+
+    def __init__(
+        self, cfg: VisionConfig, graph: nnx.GraphDef, state: nnx.State, impl: str, policy: BucketPolicy | None = None
+    ):
+        self.cfg, self.impl = cfg, impl
+        self.policy = policy or BucketPolicy()
+        self._graph, self._state = graph, state
+        self._executables: dict[tuple, jax.stages.Compiled] = {}
+        self._zero_chunks: dict[tuple[int, np.dtype], jax.Array] = {}
+        self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
+        enable_compilation_cache()
+
+    def _max_length(self, bucket: Bucket, longest_frame: int) -> int:
+        """Static padded-batch row length: the smallest ladder size holding the longest frame (packed: unused)."""
+        if self.impl != "cudnn_padded":
+            return 0
+        return min(bucket.tokens, self.policy.fit(longest_frame, 1).tokens)
+
+    def executable(self, bucket: Bucket, pixel_dtype: np.dtype = np.float32, max_length: int = 0):
+        """The compiled program of a bucket, built on first use."""
+        bucket, pixel_dtype = Bucket(*bucket), np.dtype(pixel_dtype)
+        key = (bucket, pixel_dtype, max_length)
+        compiled = self._executables.get(key)
+        if compiled is None:
+            chunk = math.gcd(bucket.tokens, MAX_CHUNK_ROWS)
+            t, m = bucket.tokens, bucket.segments
+            args = (
+                self._state,
+                (jax.ShapeDtypeStruct((chunk, self.cfg.patch_dim), pixel_dtype),) * (t // chunk),
+                jax.ShapeDtypeStruct((t, 4), np.int32),
+                jax.ShapeDtypeStruct((t, 4), np.float32),
+                jax.ShapeDtypeStruct((t, 2), np.int32),
+                jax.ShapeDtypeStruct((t,), np.int32),
+                jax.ShapeDtypeStruct((m,), np.int32),
+                jax.ShapeDtypeStruct((m,), np.int32),
+            )
+            fn = jax.jit(functools.partial(_program, self._graph, self.impl, max_length))
+            compiled = self._executables[key] = fn.lower(*args).compile()
+            self.compiles += 1
+        return compiled
+
+    def warmup(self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32) -> dict:
+        """Compile (or load from the persistent cache) each bucket now; returns seconds per bucket."""
+        times = {}
+        for b in self.policy.buckets() if buckets is None else buckets:
+            b = Bucket(*b)
+            start = time.perf_counter()
+            self.executable(b, pixel_dtype, self._max_length(b, b.tokens))
+            times[b] = time.perf_counter() - start
+        return times
+
+    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[Call]:
+        """Dispatch every call of a request (asynchronously); outputs stay on the device."""
+        if not isinstance(pixel_values, jax.Array):
+            pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
+        calls = []
+        row = 0
+        for bucket, images in self.policy.plan(grids):
+            call_grids = [grids[i] for i in images]
+            rows = sum(layout.grid_tokens(g) for g in call_grids)
+            packed = layout.pack(call_grids, *bucket, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
+            longest = max(g[1] * g[2] for g in call_grids)
+            exe = self.executable(bucket, _pixel_dtype(pixel_values), self._max_length(bucket, longest))
+            chunks = self._chunks(pixel_values, row, rows, bucket.tokens)
+            output = exe(self._state, *jax.device_put((chunks, *packed)))
+            calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit)))
+            row += rows
+        return calls
+
+    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[np.ndarray]:
+        """Per-image outputs in input order, as host arrays: one device-to-host copy per call, then views.
+
+        Splitting on the device would compile a slice per distinct image size; views of one host copy
+        compile nothing and cost one transfer of the packed output.
+        """
+        calls = self.run(pixel_values, grids)
+        for call in calls:
+            call.output.copy_to_host_async()
+        outs: list[np.ndarray] = [None] * len(grids)  # type: ignore[list-item]
+        for call in calls:
+            host = np.asarray(call.output)
+            for i, (start, rows) in zip(call.images, call.spans, strict=True):
+                outs[i] = host[start : start + rows]
+        return outs
+
+    def _chunks(self, pixels: np.ndarray | jax.Array, row: int, rows: int, tokens: int) -> tuple:
+        """Rows [row, row+rows) of the request as `tokens / chunk` equal chunks, zero-padded at the end."""
+        chunk = math.gcd(tokens, MAX_CHUNK_ROWS)
+        if isinstance(pixels, jax.Array):
+            return _device_chunks(pixels, row, rows, tokens, chunk)
+        dtype = _pixel_dtype(pixels)
+        zero = self._zero_chunks.get((chunk, dtype))
+        if zero is None:
+            zero = self._zero_chunks[(chunk, dtype)] = jax.device_put(np.zeros((chunk, pixels.shape[1]), dtype))
+        out = []
+        for start in range(row, row + tokens, chunk):
+            end = min(start + chunk, row + rows)
+            if end - start == chunk:
+                out.append(pixels[start:end])
+            elif end > start:
+                part = np.zeros((chunk, pixels.shape[1]), dtype)
+                part[: end - start] = pixels[start:end]
+                out.append(part)
+            else:
+                out.append(zero)
+        return tuple(out)
+
+
+PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+
+
+def _pixel_dtype(pixels: np.ndarray | jax.Array) -> np.dtype:
+    """Pixels travel as given when float32/bfloat16/float16, else as float32."""
+    dtype = np.dtype(pixels.dtype)
+    return dtype if dtype in PIXEL_DTYPES else np.dtype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _device_chunks(pixels: jax.Array, row: int, rows: int, tokens: int, chunk: int) -> tuple:
+    """Device-resident pixels: the same chunks, sliced on the device (compiled per input row count)."""
+    padded = jnp.pad(pixels, ((0, tokens), (0, 0)))
+    block = jax.lax.dynamic_slice_in_dim(padded, row, tokens)
+    block = jnp.where(jnp.arange(tokens)[:, None] < rows, block, 0).astype(_pixel_dtype(pixels))
+    return tuple(block.reshape(-1, chunk, pixels.shape[1]))

@@ -1,0 +1,88 @@
+"""Per-image embedding cache: LRU, bounded in bytes, keyed by decoded-pixel content and settings."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from PIL import Image
+
+
+def pixel_digest(image: Image.Image) -> str:
+    """sha256 of the decoded RGB pixels and their size: equal images hash equal whatever their encoding."""
+    h = hashlib.sha256(f"{image.mode}:{image.width}x{image.height}:".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
+
+
+def nbytes(value: Any) -> int:
+    return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(value))
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    entries: int = 0
+    bytes: int = 0
+
+
+class EmbeddingCache:
+    """Least-recently-used map of key -> array pytree, evicting until the total stays under `max_bytes`.
+
+    A value larger than the whole budget is not stored. Thread-safe, so a server can share one.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30):
+        self.max_bytes = int(max_bytes)
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stats = CacheStats()
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self._stats.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self._stats.hits += 1
+            return item[0]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        size = nbytes(value)
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._stats.bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            while self._items and self._stats.bytes + size > self.max_bytes:
+                _, (_, freed) = self._items.popitem(last=False)
+                self._stats.bytes -= freed
+                self._stats.evictions += 1
+            self._items[key] = (value, size)
+            self._stats.bytes += size
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._stats = CacheStats()
+
+    @property
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(**{**self._stats.__dict__, "entries": len(self._items)})

@@ -1,0 +1,94 @@
+"""Qwen3-VL image preprocessing on the CPU, bit-identical to HF transformers 5.23.
+
+The oracle is `transformers.models.qwen2_vl.image_processing_pil_qwen2_vl.Qwen2VLImageProcessorPil` with
+the Qwen3-VL settings (patch 16, merge 2, temporal 2, mean = std = 0.5, 65,536..16,777,216 pixels,
+bicubic, convert to RGB). Its steps: `smart_resize`; PIL bicubic resize on uint8; rescale as
+`float32(float64(u8) * (1/255))`; normalize `(x - 0.5) / 0.5` in float32; patchify in merge-window order
+with the frame repeated `temporal_patch_size` times. Rescale and normalize depend only on the uint8 value,
+so they are one lookup in a 256-entry table computed with HF's exact arithmetic: bit-identical by
+construction, and cheaper than float math on every value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image
+
+from vitjax.images import ImageInputError, input_name, load_image
+
+MAX_ASPECT_RATIO = 200
+IMAGE_MEAN = IMAGE_STD = 0.5
+
+
+def smart_resize(
+    height: int, width: int, factor: int = 32, min_pixels: int = 65536, max_pixels: int = 16777216
+) -> tuple[int, int]:
+    """HF's `smart_resize`: sides become multiples of `factor`, the area lands in [min_pixels, max_pixels].
+
+    Uses Python's `round` (half to even: 272/32 = 8.5 rounds to 256) exactly as HF does.
+    """
+    ratio = max(height, width) / min(height, width)
+    if ratio > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"aspect ratio {ratio:.4g} ({height}x{width}, height x width) exceeds the limit of "
+            f"{MAX_ASPECT_RATIO} that Qwen-VL preprocessing accepts"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _normalized_table() -> np.ndarray:
+    """float32 value of every uint8 level after HF's rescale then normalize, in HF's dtype sequence."""
+    rescaled = (np.arange(256, dtype=np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
+    mean, std = np.float32(IMAGE_MEAN), np.float32(IMAGE_STD)
+    return (rescaled - mean) / std
+
+
+_TABLE = _normalized_table()
+
+
+def preprocess_image(
+    image: object,
+    min_pixels: int = 65536,
+    max_pixels: int = 16777216,
+    *,
+    patch_size: int = 16,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    name: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One image (anything `load_image` accepts) -> (pixel_values [h*w, 3*T*P*P] float32, grid_thw [1, 3]).
+
+    Rows are patches in merge-window order; columns are (channel, temporal, row, col) of the patch, the
+    image repeated over the temporal axis. Errors (undecodable input, aspect ratio over 200) are
+    `ImageInputError`s naming the input (`name`, else as `load_image` names it).
+    """
+    name = name if name is not None else input_name(image)
+    rgb = load_image(image, name)
+    factor = patch_size * merge_size
+    try:
+        height, width = smart_resize(rgb.height, rgb.width, factor, min_pixels, max_pixels)
+    except ValueError as e:
+        raise ImageInputError(name, str(e)) from e
+    pixels = np.asarray(rgb.resize((width, height), Image.Resampling.BICUBIC))  # (H, W, 3) uint8
+    grid_h, grid_w = height // patch_size, width // patch_size
+    m, p = merge_size, patch_size
+    # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): merge-window order, channels first
+    windows = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+    levels = np.ascontiguousarray(windows).reshape(grid_h * grid_w, 3, 1, p * p)
+    frame = np.take(_TABLE, levels, mode="clip")  # uint8 indices are always in range; clip skips checks
+    out = np.empty((grid_h * grid_w, 3, temporal_patch_size, p * p), np.float32)
+    out[...] = frame
+    grid_thw = np.array([[1, grid_h, grid_w]], dtype=np.int64)
+    return out.reshape(grid_h * grid_w, -1), grid_thw
