@@ -1,7 +1,8 @@
 """vitjax: the Qwen3-VL vision tower in JAX/XLA."""
 
 from vitjax.config import VisionConfig
-from vitjax.encoder import Encoder
+from vitjax.encoder import Encoded, Encoder
+from vitjax.images import ImageInputError
 
 __version__ = "0.1.0"
-__all__ = ["Encoder", "VisionConfig", "__version__"]
+__all__ = ["Encoded", "Encoder", "ImageInputError", "VisionConfig", "__version__"]

@@ -183,9 +183,9 @@ class Encoder:
                     found[digest] = cached
 
             def prepare(i: int):
-                p = self.cfg
+                p, name = self.cfg, items[i][0]
                 return _guard(
-                    items[i][0],
+                    name,
                     lambda: preprocess_image(
                         loaded[i],
                         min_pixels,
@@ -193,6 +193,7 @@ class Encoder:
                         patch_size=p.patch_size,
                         merge_size=p.spatial_merge_size,
                         temporal_patch_size=p.temporal_patch_size,
+                        name=name,
                     ),
                 )
 

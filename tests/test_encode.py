@@ -1,0 +1,184 @@
+"""Images in, embeddings out: Encoder.encode, the per-image cache, and `vitjax encode` end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY, hf_vision_model
+from PIL import Image
+from safetensors import safe_open
+from safetensors.numpy import load_file
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+import vitjax
+from vitjax.cache import EmbeddingCache
+from vitjax.cli import main as cli_main
+from vitjax.images import ImageInputError
+from vitjax.weights import convert
+
+PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
+MAX_PIXELS = 128 * 128 * 4  # keeps the CPU tower small; the preprocessing tests cover the defaults
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny HF tower saved locally and converted to vitjax's orbax format."""
+    cfg = TINY["hd64"]
+    hf_dir = tmp_path_factory.mktemp("hf")
+    hf_vision_model(cfg).save_pretrained(hf_dir)
+    return convert(hf_dir, tmp_path_factory.mktemp("converted") / "tiny", progress=False)
+
+
+@pytest.fixture()
+def enc(checkpoint):
+    return vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+
+
+def hf_pixels(path: Path, max_pixels: int = MAX_PIXELS):
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        size={"shortest_edge": 65536, "longest_edge": max_pixels},
+    )
+    out = processor(images=[Image.open(path)], return_tensors="np")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def test_encode_equals_encode_patches_on_hf_pixels(enc):
+    results = enc.encode([str(p) for p in PHOTOS[:3]], max_pixels=MAX_PIXELS)
+    width = enc.cfg.out_hidden_size
+    for path, res in zip(PHOTOS[:3], results, strict=True):
+        pixels, grid = hf_pixels(path)
+        ref = np.asarray(enc.encode_patches(pixels, grid)[0])
+        assert res.grid_thw == tuple(grid[0]) and res.name == str(path)
+        np.testing.assert_allclose(np.asarray(res.embeds), ref[:, :width], rtol=1e-5, atol=1e-5)
+        deep = np.asarray(res.deepstack)
+        assert deep.shape == (2, ref.shape[0], width)
+        for k in range(2):
+            np.testing.assert_allclose(deep[k], ref[:, width * (k + 1) : width * (k + 2)], rtol=1e-5, atol=1e-5)
+
+
+def test_duplicates_are_encoded_once_and_hits_are_identical(enc):
+    photo = PHOTOS[0]
+    first = enc.encode([str(photo), photo.read_bytes(), Image.open(photo)], max_pixels=MAX_PIXELS)
+    assert enc.images_encoded == 1
+    assert enc.cache.stats.misses == 1
+    assert first[0].embeds is first[1].embeds is first[2].embeds
+    again = enc.encode([photo.read_bytes()], max_pixels=MAX_PIXELS)
+    assert enc.images_encoded == 1 and enc.cache.stats.hits == 1
+    assert again[0].embeds is first[0].embeds and again[0].deepstack is first[0].deepstack
+    # Other preprocessing settings are another key.
+    enc.encode([str(photo)], max_pixels=MAX_PIXELS // 4)
+    assert enc.images_encoded == 2 and enc.cache.stats.misses == 2
+
+
+def test_cache_evicts_least_recently_used_by_bytes():
+    cache = EmbeddingCache(max_bytes=3 * 400)
+    arrays = {k: np.full(100, k, np.float32) for k in range(4)}  # 400 bytes each
+    for k in range(3):
+        cache.put(k, arrays[k])
+    assert cache.get(0) is arrays[0]  # 0 is now the most recent
+    cache.put(3, arrays[3])
+    assert 1 not in cache and {0, 2, 3} <= {k for k in range(4) if k in cache}
+    stats = cache.stats
+    assert (stats.entries, stats.bytes, stats.evictions, stats.hits) == (3, 1200, 1, 1)
+    cache.put(9, np.zeros(1000, np.float32))  # larger than the whole budget: not stored, nothing evicted
+    assert 9 not in cache and cache.stats.entries == 3
+
+
+def test_encoder_cache_is_bounded(checkpoint):
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=1)
+    enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
+    enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
+    assert enc.images_encoded == 2 and len(enc.cache) == 0
+
+
+def _bad_inputs(tmp: Path) -> dict[str, str]:
+    """name -> a fragment its error message must contain."""
+    (tmp / "empty.jpg").write_bytes(b"")
+    (tmp / "truncated.jpg").write_bytes(
+        (Path(__file__).parent / "data" / "images" / "astronaut.jpg").read_bytes()[:5000]
+    )
+    (tmp / "notes.jpg").write_text("this is not an image")
+    Image.new("RGB", (600, 2), "red").save(tmp / "wide.png")
+    Image.new("RGB", (1000, 600), "red").save(tmp / "bomb.png")  # over the limit the test sets below
+    return {
+        str(tmp / "empty.jpg"): "empty input",
+        str(tmp / "truncated.jpg"): "truncated",
+        str(tmp / "notes.jpg"): "not a recognised image format",
+        str(tmp / "missing.png"): "no such file",
+        str(tmp / "wide.png"): "aspect ratio 300",
+        str(tmp / "bomb.png"): "decompression",
+    }
+
+
+def test_bad_inputs_do_not_cost_the_batch(enc, tmp_path, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400_000)  # bomb.png is over it, under PIL's own 2x error
+    bad = _bad_inputs(tmp_path)
+    Image.new("RGB", (1, 1), "green").save(tmp_path / "dot.png")  # valid: HF upsamples it to 256x256
+    good = [str(PHOTOS[0]), str(tmp_path / "dot.png")]
+    inputs = [good[0], *bad, good[1]]
+    results = enc.encode(inputs, max_pixels=MAX_PIXELS, errors="return")
+    assert [type(r).__name__ for r in results] == ["Encoded", *["ImageInputError"] * len(bad), "Encoded"]
+    for (name, fragment), err in zip(bad.items(), results[1:-1], strict=True):
+        assert err.name == name and str(err).startswith(name) and fragment in str(err), str(err)
+    assert results[-1].grid_thw == (1, 16, 16) and results[-1].embeds.shape == (64, enc.cfg.out_hidden_size)
+    with pytest.raises(ImageInputError, match="empty.jpg: empty input"):
+        enc.encode(inputs, max_pixels=MAX_PIXELS)
+
+
+def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out.safetensors"
+    inputs = [str(p) for p in PHOTOS[:3]]
+    bad = str(tmp_path / "missing.jpg")
+    code = cli_main(
+        [
+            "encode",
+            *inputs,
+            bad,
+            "--model",
+            str(checkpoint),
+            "--dtype",
+            "float32",
+            "--max-pixels",
+            str(MAX_PIXELS),
+            "-o",
+            str(out),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and bad in err and "wrote 3 of 4 images" in err
+    tensors = load_file(out)
+    with safe_open(out, "np") as f:
+        meta = json.loads(f.metadata()["vitjax"])
+    assert meta["dtype"] == "float32" and meta["model"] == str(checkpoint) and meta["vitjax_version"]
+    assert meta["images"][3] == {"index": 3, "source": bad, "error": meta["images"][3]["error"]}
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    width = enc.cfg.out_hidden_size
+    for i, path in enumerate(PHOTOS[:3]):
+        pixels, grid = hf_pixels(path)
+        ref = np.asarray(enc.encode_patches(pixels, grid)[0])
+        assert meta["images"][i]["grid_thw"] == grid[0].tolist() and meta["images"][i]["source"] == str(path)
+        np.testing.assert_allclose(tensors[f"{i}.embeds"], ref[:, :width], rtol=1e-5, atol=1e-5)
+        deep = tensors[f"{i}.deepstack"]
+        np.testing.assert_allclose(deep.transpose(1, 0, 2).reshape(len(ref), -1), ref[:, width:], rtol=1e-5, atol=1e-5)
+    assert "3.embeds" not in tensors
+
+
+def test_cli_random_init_says_so(tmp_path, capsys):
+    img = io.BytesIO()
+    Image.new("RGB", (64, 64), "blue").save(img, "PNG")
+    (tmp_path / "blue.png").write_bytes(img.getvalue())
+    out = tmp_path / "r.safetensors"
+    # The smallest real preset keeps this honest about what --random-init builds.
+    code = cli_main(["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--dtype", "float32", "-o", str(out)])
+    assert code == 0 and "RANDOM weights" in capsys.readouterr().err
+    tensors = load_file(out)
+    assert tensors["0.embeds"].shape == (64, 2048) and tensors["0.deepstack"].shape == (3, 64, 2048)

@@ -1,0 +1,226 @@
+"""vitjax.images: expanding inputs, loading every kind of source, and errors that name the bad input."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFile
+
+from vitjax.images import ImageInputError, expand_inputs, load_image
+
+PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
+
+
+def jpeg_bytes(size: tuple[int, int] = (64, 48), color: tuple[int, int, int] = (10, 120, 200)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def expect_error(source: object, reason: str, name: str | None = None) -> ImageInputError:
+    """Loading `source` fails with an ImageInputError whose message starts with the input's name."""
+    with pytest.raises(ImageInputError, match=reason) as info:
+        load_image(source)
+    error = info.value
+    expected = name if name is not None else str(source)
+    assert error.name == expected and str(error).startswith(f"{expected}: ")
+    assert isinstance(error, ValueError)
+    return error
+
+
+# --- expand_inputs -----------------------------------------------------------------------------------------
+
+
+def test_directory_expands_recursively_in_sorted_order(tmp_path):
+    for rel in [
+        "b.png",
+        "a/z.JPG",
+        "a/b/c.webp",
+        "a/y.tiff",
+        "c.gif",
+        "notes.txt",
+        "d.bmp",
+        "e.jpeg",
+        "f.tif",
+    ]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "h.jpg").write_bytes(b"x")
+    (tmp_path / "._resource.jpg").write_bytes(b"x")
+    names = [name for name, _ in expand_inputs([tmp_path])]
+    expected = ["a/b/c.webp", "a/y.tiff", "a/z.JPG", "b.png", "c.gif", "d.bmp", "e.jpeg", "f.tif"]
+    assert names == [str(tmp_path / rel) for rel in expected]
+    assert [src for _, src in expand_inputs(str(tmp_path))] == [tmp_path / rel for rel in expected]
+
+
+def test_expand_keeps_order_and_names_every_kind(tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (8, 8)).save(folder / "one.png")
+    data = jpeg_bytes()
+    pil = Image.new("RGB", (4, 4))
+    array = np.zeros((4, 4, 3), np.uint8)
+    uri = "data:image/jpeg;base64," + base64.b64encode(data).decode()
+    pairs = expand_inputs([str(PHOTO), data, folder, uri, pil, array, tmp_path / "missing.jpg", 42])
+    assert [name for name, _ in pairs] == [
+        str(PHOTO),
+        "<bytes #1>",
+        str(folder / "one.png"),
+        "<data URI #3>",
+        "<PIL image #4>",
+        "<array #5>",
+        str(tmp_path / "missing.jpg"),
+        "<int #7>",
+    ]
+    assert pairs[1][1] is data and pairs[4][1] is pil and pairs[5][1] is array
+
+
+def test_a_bad_item_costs_only_itself(tmp_path):
+    """expand_inputs never raises; each item fails or succeeds on its own when loaded."""
+    missing = tmp_path / "gone.jpg"
+    pairs = expand_inputs([PHOTO, missing, b"", jpeg_bytes()])
+    results = []
+    for name, source in pairs:
+        try:
+            results.append(load_image(source, name).size)
+        except ImageInputError as e:
+            results.append(e.name)
+    assert results == [(512, 512), str(missing), "<bytes #2>", (64, 48)]
+
+
+def test_single_input_is_accepted():
+    assert expand_inputs(PHOTO) == [(str(PHOTO), PHOTO)]
+
+
+# --- load_image: what comes out ----------------------------------------------------------------------------
+
+
+def test_loads_every_source_kind_as_the_same_rgb_image():
+    data = PHOTO.read_bytes()
+    reference = np.array(Image.open(PHOTO).convert("RGB"))
+    sources = [
+        PHOTO,
+        str(PHOTO),
+        data,
+        memoryview(data),
+        "data:image/jpeg;base64," + base64.b64encode(data).decode(),
+        Image.open(PHOTO),
+        reference,
+    ]
+    for source in sources:
+        image = load_image(source)
+        assert image.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(image), reference)
+
+
+def test_gray_and_rgba_arrays_become_rgb():
+    gray = np.arange(12, dtype=np.uint8).reshape(3, 4) * 20
+    np.testing.assert_array_equal(np.asarray(load_image(gray)), np.repeat(gray[..., None], 3, axis=2))
+    rgba = np.zeros((2, 2, 4), np.uint8)
+    rgba[0, 0] = (0, 0, 0, 0)  # fully transparent black -> white
+    rgba[0, 1] = (0, 0, 0, 255)  # opaque black stays black
+    rgba[1] = (200, 100, 0, 128)  # half transparent -> halfway to white
+    out = np.asarray(load_image(rgba))
+    np.testing.assert_array_equal(out[0], [[255, 255, 255], [0, 0, 0]])
+    np.testing.assert_array_equal(out[1], [[227, 177, 127]] * 2)
+
+
+def test_truncated_images_stay_an_error_globally():
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is False
+
+
+# --- load_image: errors that name the input ----------------------------------------------------------------
+
+
+def test_missing_path(tmp_path):
+    expect_error(tmp_path / "nope.jpg", "no such file")
+    expect_error(str(tmp_path / "nope.jpg"), "no such file")
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.jpg"
+    path.write_bytes(b"")
+    expect_error(path, r"empty input \(0 bytes\)")
+    expect_error(b"", "empty input", name="<bytes #0>")
+
+
+def test_truncated_jpeg(tmp_path):
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(PHOTO.read_bytes()[: PHOTO.stat().st_size // 2])
+    assert Image.open(path).size == (512, 512)  # the header is intact: only a full decode notices
+    expect_error(path, "corrupt or truncated image data .*truncated")
+
+
+def test_text_file_named_jpg(tmp_path):
+    path = tmp_path / "notes.jpg"
+    path.write_text("this is not an image\n")
+    expect_error(path, "not a recognised image format")
+
+
+def test_directory_without_images(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("no pictures here")
+    assert expand_inputs([folder]) == [(str(folder), folder)]
+    expect_error(folder, r"directory contains no image files \(bmp, gif, jpeg, jpg, png, tif, tiff, webp\)")
+
+
+def test_decompression_bomb_is_refused_without_decoding(tmp_path, monkeypatch):
+    """Above MAX_IMAGE_PIXELS but under 2x PIL only warns; vitjax refuses. The file is also truncated, so
+    getting the size error (not a truncation error) shows the pixels were never decoded."""
+    path = tmp_path / "bomb.jpg"
+    data = jpeg_bytes((120, 100))
+    path.write_bytes(data[: data.index(b"\xff\xda") + 20])  # headers intact, scan data cut short
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)
+    with pytest.warns(Image.DecompressionBombWarning):
+        expect_error(path, r"120x100 = 12000 pixels exceeds the limit of 10000")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5_000)  # over 2x: PIL itself raises at open
+    expect_error(path, "exceeds limit of 10000 pixels")
+    expect_error(Image.new("RGB", (120, 100)), "exceeds the limit of 5000", name="<PIL image #0>")
+
+
+def test_bad_data_uris():
+    expect_error("data:image/png;base64", "malformed data URI", name="<data URI #0>")
+    expect_error("data:image/png,aGVsbG8=", "malformed data URI", name="<data URI #0>")
+    expect_error("data:image/png;base64,***not base64***", "not valid base64", name="<data URI #0>")
+    valid_b64_not_image = "data:image/png;base64," + base64.b64encode(b"hello world").decode()
+    expect_error(valid_b64_not_image, "not a recognised image format", name="<data URI #0>")
+    ((name, source),) = expand_inputs([PHOTO, "data:image/png;base64,@@"])[1:]
+    with pytest.raises(ImageInputError, match=r"^<data URI #1>: data URI payload is not valid base64"):
+        load_image(source, name)
+
+
+@pytest.mark.parametrize(
+    ("array", "reason"),
+    [
+        (np.zeros((4, 4, 3), np.float32), "dtype must be uint8, got float32"),
+        (np.zeros((4, 4, 3), np.uint16), "dtype must be uint8, got uint16"),
+        (
+            np.zeros((4, 4, 2), np.uint8),
+            r"shape must be HxW, HxWx3 or HxWx4 \(channels last\), got \(4, 4, 2\)",
+        ),
+        (np.zeros((2, 4, 4, 3), np.uint8), r"got \(2, 4, 4, 3\)"),
+        (np.zeros((0, 4, 3), np.uint8), r"got \(0, 4, 3\)"),
+    ],
+)
+def test_bad_arrays(array, reason):
+    expect_error(array, reason, name="<array #0>")
+
+
+def test_image_without_pixels():
+    expect_error(Image.new("RGB", (0, 5)), r"image has no pixels \(0x5\)", name="<PIL image #0>")
+
+
+def test_unsupported_type_and_url():
+    expect_error(3.5, "unsupported input type float", name="<float #0>")
+    expect_error("https://example.com/cat.jpg", "URLs are not fetched")
+
+
+def test_explicit_name_is_used(tmp_path):
+    with pytest.raises(ImageInputError, match=r"^upload 7 \(cat\.jpg\): empty input"):
+        load_image(b"", name="upload 7 (cat.jpg)")

@@ -1,0 +1,365 @@
+"""vitjax.preprocess is bit-exact with HF transformers' Qwen2VLImageProcessorPil as Qwen3-VL configures it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+from transformers.image_utils import PILImageResampling
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
+
+from vitjax.images import ImageInputError
+from vitjax.preprocess import preprocess_image, smart_resize
+
+PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
+
+
+def make_hf(patch: int = 16, min_pixels: int = 65536, max_pixels: int = 16777216) -> Qwen2VLImageProcessorPil:
+    """The processor as Qwen3-VL ships it, built locally (nothing from a hub)."""
+    return Qwen2VLImageProcessorPil(
+        patch_size=patch,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        resample=PILImageResampling.BICUBIC,
+        do_convert_rgb=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def hf() -> Qwen2VLImageProcessorPil:
+    return make_hf()
+
+
+def run_hf(processor: Qwen2VLImageProcessorPil, image: object) -> tuple[np.ndarray, np.ndarray]:
+    out = processor(images=image)
+    return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
+
+
+def assert_same(ours: tuple[np.ndarray, np.ndarray], ref: tuple[np.ndarray, np.ndarray]) -> None:
+    """Bit-identical pixel_values (compared as raw float32 bits) and equal grid_thw, both int64."""
+    (pv, thw), (ref_pv, ref_thw) = ours, ref
+    assert thw.dtype == np.int64 and thw.shape == (1, 3)
+    np.testing.assert_array_equal(thw, ref_thw)
+    assert pv.dtype == np.float32 and pv.shape == ref_pv.shape == (thw[0].prod(), 1536)
+    if not np.array_equal(pv.view(np.uint32), ref_pv.astype(np.float32).view(np.uint32)):
+        np.testing.assert_array_equal(pv, ref_pv)  # readable report of where they differ
+        pytest.fail("pixel_values equal as numbers but differ in bits (signed zeros?)")
+
+
+def noise(width: int, height: int, seed: int = 0) -> Image.Image:
+    """High-frequency content: the hardest case for resampling parity."""
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def photo(name: str = "chelsea.png") -> Image.Image:
+    return Image.open(Path(__file__).parent / "data" / "images" / name).convert("RGB")
+
+
+# --- smart_resize ------------------------------------------------------------------------------------------
+
+
+def test_smart_resize_matches_hf_on_random_sizes():
+    rnd = random.Random(0)
+    sizes = [(rnd.randint(1, 6000), rnd.randint(1, 6000)) for _ in range(300)]
+    sizes += [(rnd.randint(1, 64), rnd.randint(1, 64)) for _ in range(50)]  # min-pixels branch
+    sizes += [(272, 1024), (336, 1024), (304, 1024), (1024, 272), (5000, 8000), (16, 3200)]
+    sizes = [(h, w) for h, w in sizes if max(h, w) / min(h, w) <= 200]
+    assert len(sizes) > 300
+    for h, w in sizes:
+        assert smart_resize(h, w) == hf_smart_resize(h, w, factor=32, min_pixels=65536, max_pixels=16777216)
+    for h, w in sizes[:50]:
+        assert smart_resize(h, w, 28, 3136, 1003520) == hf_smart_resize(h, w, 28, 3136, 1003520)
+
+
+def test_smart_resize_rounds_half_to_even():
+    # 272/32 = 8.5 -> 8, 336/32 = 10.5 -> 10, 304/32 = 9.5 -> 10 (Python round, as HF)
+    assert smart_resize(272, 1024) == (256, 1024)
+    assert smart_resize(336, 1024) == (320, 1024)
+    assert smart_resize(304, 1024) == (320, 1024)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "resized"),
+    [
+        (640, 480, (480, 640)),
+        (1001, 333, (320, 992)),
+        (123, 77, (224, 352)),
+        (32, 32, (256, 256)),
+        (48, 48, (256, 256)),
+        (250, 4000, (4000, 256)),
+        (5000, 3000, (3008, 4992)),
+    ],
+)
+def test_smart_resize_spec_table(width, height, resized):
+    assert smart_resize(height, width) == resized == hf_smart_resize(height, width, 32, 65536, 16777216)
+
+
+def test_smart_resize_aspect_limit():
+    # exactly 200:1 is allowed, as in HF
+    assert smart_resize(200, 40000) == hf_smart_resize(200, 40000, 32, 65536, 16777216)
+    with pytest.raises(ValueError, match=r"aspect ratio 201 .*limit of 200"):
+        smart_resize(2, 402)
+    with pytest.raises(ValueError):
+        hf_smart_resize(2, 402, factor=32, min_pixels=65536, max_pixels=16777216)
+
+
+# --- real photographs and odd sizes ------------------------------------------------------------------------
+
+
+def test_photos_are_shipped():
+    assert len(PHOTOS) >= 6
+    assert {p.suffix for p in PHOTOS} == {".jpg", ".png"}
+
+
+@pytest.mark.parametrize("path", PHOTOS, ids=lambda p: p.name)
+def test_photo_matches_hf(hf, path):
+    assert_same(preprocess_image(path), run_hf(hf, Image.open(path)))
+
+
+@pytest.mark.parametrize(
+    ("width", "height"),
+    [
+        (5, 7),
+        (7, 5),
+        (123, 77),
+        (1001, 333),
+        (641, 479),
+        (250, 4000),
+        (3, 500),
+        (500, 3),
+        (33, 1000),
+        (5000, 3000),
+    ],
+)
+def test_odd_sizes_match_hf(hf, width, height):
+    image = noise(width, height)
+    assert_same(preprocess_image(image), run_hf(hf, image))
+
+
+def test_one_by_one_pixel_matches_hf(hf):
+    """HF handles a 1x1 PIL image (grid 1x16x16). Given a 1x1x3 array it guesses channels-first and returns
+    a different grid; vitjax reads arrays as channels-last always, so it equals HF on the PIL image."""
+    image = Image.new("RGB", (1, 1), (200, 30, 90))
+    ref = run_hf(hf, image)
+    np.testing.assert_array_equal(ref[1], [[1, 16, 16]])
+    assert_same(preprocess_image(image), ref)
+    assert_same(preprocess_image(np.array(image)), ref)
+
+
+def test_other_geometry_matches_hf():
+    """Parameters are honoured: Qwen2-VL patch 14 and qwen-vl-utils' smaller minimum."""
+    image = noise(301, 97, seed=3)
+    pv, thw = preprocess_image(image, 4096, 1_000_000, patch_size=14)
+    ref_pv, ref_thw = run_hf(make_hf(patch=14, min_pixels=4096, max_pixels=1_000_000), image)
+    np.testing.assert_array_equal(thw, ref_thw)
+    assert pv.shape == ref_pv.shape == (thw[0].prod(), 3 * 2 * 14 * 14)
+    assert np.array_equal(pv.view(np.uint32), ref_pv.view(np.uint32))
+
+
+def test_downscale_branch_matches_hf():
+    image = noise(1500, 1100, seed=4)
+    ours = preprocess_image(image, max_pixels=200_000)
+    assert_same(ours, run_hf(make_hf(max_pixels=200_000), image))
+    assert ours[0].shape[0] * 16 * 16 <= 200_000
+
+
+def test_temporal_halves_are_identical():
+    pv, _ = preprocess_image(photo())
+    rows = pv.reshape(-1, 3, 2, 256)
+    np.testing.assert_array_equal(rows[:, :, 0], rows[:, :, 1])
+
+
+# --- image modes and file formats --------------------------------------------------------------------------
+
+
+def _rgba(size: tuple[int, int] = (173, 141)) -> Image.Image:
+    """A photo crop with an alpha ramp, fully transparent in one corner, noise under the transparency."""
+    rgb = np.array(photo().resize(size))
+    h, w = rgb.shape[:2]
+    ramp = np.linspace(-80, 300, w)[None, :] + np.linspace(0, 60, h)[:, None]
+    alpha = np.clip(ramp, 0, 255).astype(np.uint8)
+    rgb[alpha == 0] = np.random.default_rng(1).integers(0, 256, (int((alpha == 0).sum()), 3), dtype=np.uint8)
+    return Image.fromarray(np.dstack([rgb, alpha]), mode="RGBA")
+
+
+def _write(kind: str, directory: Path) -> tuple[Path, str]:
+    """Write one test file; return its path and the mode PIL must open it in (so the case is real)."""
+    base = photo().resize((187, 131))
+    path = directory / f"{kind}.{kind.split('_')[0]}"
+    if kind == "png_gray":
+        base.convert("L").save(path)
+        return path, "L"
+    if kind == "png_la":
+        _rgba().convert("LA").save(path)
+        return path, "LA"
+    if kind == "png_rgba":
+        _rgba().save(path)
+        return path, "RGBA"
+    if kind == "png_palette":
+        rgba = _rgba()
+        pal = rgba.convert("RGB").quantize(63)  # indices 0..62; 63 becomes the transparent red entry
+        pal.putpalette(pal.getpalette()[: 63 * 3] + [255, 0, 0])
+        pixels = np.array(pal)
+        pixels[np.asarray(rgba)[..., 3] < 128] = 63
+        out = Image.fromarray(pixels, mode="P")
+        out.putpalette(pal.getpalette())
+        out.save(path, transparency=63)
+        return path, "P"
+    if kind == "png_16bit":
+        levels = (np.asarray(base.convert("L"), dtype=np.uint16) * 257).astype(np.uint16)
+        Image.fromarray(levels).save(path)
+        return path, "I;16"
+    if kind == "jpg_cmyk":
+        base.convert("CMYK").save(path, quality=90)
+        return path, "CMYK"
+    if kind == "gif":
+        first = _rgba().convert("RGB").quantize(128)
+        second = noise(*first.size).quantize(128)
+        first.save(path, save_all=True, append_images=[second], transparency=0, duration=100, loop=0)
+        return path, "P"
+    if kind == "webp":
+        base.save(path, quality=80)
+        return path, "RGB"
+    if kind == "webp_rgba":
+        _rgba().save(path, lossless=True)
+        return path, "RGBA"
+    if kind in ("bmp", "tiff"):
+        base.save(path)
+        return path, "RGB"
+    raise AssertionError(kind)
+
+
+KINDS = [
+    "png_gray",
+    "png_la",
+    "png_rgba",
+    "png_palette",
+    "png_16bit",
+    "jpg_cmyk",
+    "gif",
+    "webp",
+    "webp_rgba",
+    "bmp",
+    "tiff",
+]
+TRANSPARENT = {"png_la", "png_rgba", "png_palette", "gif", "webp_rgba"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_format_and_mode_match_hf(hf, tmp_path, kind):
+    path, mode = _write(kind, tmp_path)
+    opened = Image.open(path)
+    assert opened.mode == mode
+    ref = run_hf(hf, opened)
+    assert_same(preprocess_image(path), ref)
+    assert_same(preprocess_image(path.read_bytes()), ref)
+    if kind in TRANSPARENT:  # the case exercises compositing onto white: dropping alpha would differ
+        dropped = run_hf(hf, Image.fromarray(np.array(Image.open(path).convert("RGB"))))
+        assert not np.array_equal(ref[0], dropped[0])
+
+
+def test_16bit_png_is_clipped_like_hf(hf, tmp_path):
+    """Pillow's I;16 -> RGB clips at 255 (no scaling); HF's processor, by path or by PIL, gives that."""
+    path, _ = _write("png_16bit", tmp_path)
+    ours = preprocess_image(path)
+    assert_same(ours, run_hf(hf, str(path)))
+    assert (ours[0] == 1.0).mean() > 0.9  # nearly all white: the documented, HF-matching behaviour
+
+
+def test_gif_uses_first_frame(tmp_path):
+    path, _ = _write("gif", tmp_path)
+    with Image.open(path) as gif:
+        assert gif.n_frames == 2
+        gif.seek(1)
+        second = preprocess_image(gif.convert("RGB"))
+    first = preprocess_image(path)
+    assert not np.array_equal(first[0], second[0])
+    assert_same(first, preprocess_image(Image.open(path)))
+
+
+def test_exif_orientation_is_applied_like_hf_load_image(hf, tmp_path):
+    """HF's load_image (string inputs) applies exif_transpose; vitjax does for every input form."""
+    path = tmp_path / "rotated.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    photo().save(path, quality=90, exif=exif)
+    upright = ImageOps.exif_transpose(Image.open(path))
+    assert upright.size == (300, 451)
+    ref = run_hf(hf, str(path))
+    assert_same(ref, run_hf(hf, upright))
+    assert_same(preprocess_image(path), ref)
+    assert_same(preprocess_image(Image.open(path)), ref)
+    assert_same(preprocess_image(path.read_bytes()), ref)
+
+
+# --- input forms -------------------------------------------------------------------------------------------
+
+
+def test_every_input_form_gives_the_same_result(hf):
+    path = next(p for p in PHOTOS if p.name == "coffee.jpg")
+    data = path.read_bytes()
+    array = np.array(Image.open(path))
+    ref = run_hf(hf, str(path))
+    assert_same(ref, run_hf(hf, array))
+    forms = [
+        path,
+        str(path),
+        data,
+        bytearray(data),
+        "data:image/jpeg;base64," + base64.b64encode(data).decode(),
+        Image.open(path),
+        Image.open(io.BytesIO(data)).convert("RGB"),
+        array,
+        np.asfortranarray(array),
+    ]
+    for form in forms:
+        assert_same(preprocess_image(form), ref)
+
+
+def test_rgba_array_matches_hf_array_compositing(hf):
+    """HF composites arrays with a numpy formula, PIL images with alpha_composite; vitjax uses the latter for
+    both. Every (value, alpha) pair occurs here, so equality proves the two agree everywhere."""
+    value, alpha = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    array = np.dstack([value, value[::-1], value.T, alpha])
+    ref = run_hf(hf, array)
+    assert_same(preprocess_image(array), ref)
+    assert_same(preprocess_image(Image.fromarray(array)), ref)
+    assert_same(preprocess_image(array[:200, :150]), run_hf(hf, array[:200, :150]))
+
+
+def test_gray_array_matches_hf_on_gray_image(hf):
+    array = np.asarray(photo().convert("L").resize((97, 203)))
+    assert_same(preprocess_image(array), run_hf(hf, Image.fromarray(array, mode="L")))
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+
+def test_extreme_aspect_ratio_is_an_error_naming_the_input(hf, tmp_path):
+    path = tmp_path / "strip.png"
+    noise(600, 2).save(path)
+    with pytest.raises(ValueError):
+        run_hf(hf, Image.open(path))
+    with pytest.raises(ImageInputError, match=r"aspect ratio 300 .*limit of 200") as info:
+        preprocess_image(path)
+    assert str(path) in str(info.value) and info.value.name == str(path)
+    with pytest.raises(ImageInputError, match=r"^<bytes #0>: aspect ratio 300"):
+        preprocess_image(path.read_bytes())
+    with pytest.raises(ImageInputError, match=r"^strip #7: aspect ratio 300"):
+        preprocess_image(Image.open(path), name="strip #7")
+
+
+def test_load_errors_propagate_with_the_name(tmp_path):
+    missing = tmp_path / "nope.jpg"
+    with pytest.raises(ImageInputError, match="no such file") as info:
+        preprocess_image(missing)
+    assert info.value.name == str(missing)
