@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("VITJAX_CACHE_DIR", "off")  # tests leave no compilation cache in the user's home
 
 import numpy as np
 import pytest

@@ -70,10 +70,10 @@ def test_duplicates_are_encoded_once_and_hits_are_identical(enc):
     first = enc.encode([str(photo), photo.read_bytes(), Image.open(photo)], max_pixels=MAX_PIXELS)
     assert enc.images_encoded == 1
     assert enc.cache.stats.misses == 1
-    assert first[0].embeds is first[1].embeds is first[2].embeds
+    assert first[0].features is first[1].features is first[2].features
     again = enc.encode([photo.read_bytes()], max_pixels=MAX_PIXELS)
     assert enc.images_encoded == 1 and enc.cache.stats.hits == 1
-    assert again[0].embeds is first[0].embeds and again[0].deepstack is first[0].deepstack
+    assert again[0].features is first[0].features
     # Other preprocessing settings are another key.
     enc.encode([str(photo)], max_pixels=MAX_PIXELS // 4)
     assert enc.images_encoded == 2 and enc.cache.stats.misses == 2

@@ -104,22 +104,25 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl
 def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
     """cuDNN's ragged layout: one batch row, M segments given by offsets (M+1, the last = T) and lengths.
 
-    Unused slots (offset T, length 0) are what cuDNN expects of empty segments.
+    Unused slots (offset T, length 0) are what cuDNN expects of empty segments. With one slot the only
+    frame starts at 0 and a plain padding mask says the same (JAX treats one segment as unpacked).
     """
     dot_product_attention, mask_type = _packed_entry()
     tokens = q.shape[0]
-    offsets = jnp.concatenate([segments.starts, jnp.full((1,), tokens, jnp.int32)])[None]
-    lengths = segments.lengths[None]
+    packed = {}
+    if segments.starts.shape[0] > 1:
+        offsets = jnp.concatenate([segments.starts, jnp.full((1,), tokens, jnp.int32)])[None]
+        packed = {"q_offsets": offsets, "kv_offsets": offsets}
+    lengths = segments.lengths[None] if packed else segments.lengths
     out = dot_product_attention(
         q[None],
         k[None],
         v[None],
         q_seqlen=lengths,
         kv_seqlen=lengths,
-        q_offsets=offsets,
-        kv_offsets=offsets,
         scale=q.shape[-1] ** -0.5,
         mask_type=mask_type.PADDING,
+        **packed,
     )
     return out[0]
 

@@ -8,17 +8,19 @@ are neither attended nor attending; unused segment slots start at T with length 
 
 Host pixels travel in fixed-size row chunks (views of the caller's array, only the last partial chunk
 copied) and are concatenated on the device, so neither the host nor the device does a shape-dependent
-pad. Results come back with one device-to-host copy per call, split on the host into per-image views.
+pad. Per-image results are zero-copy row views of a call's packed output on the device (see `row_view`).
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import dataclasses
 import functools
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -34,11 +36,22 @@ from vitjax.config import VisionConfig
 from vitjax.model import TowerInputs
 
 CACHE_ENV = "VITJAX_CACHE_DIR"
-# Token sizes step by ~1.25x (multiples of 1024): at most ~25% padded rows, and attention skips them.
-DEFAULT_TOKENS = tuple(k * 1024 for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128))
+# Token sizes: steps of 512 up to 4096, then ~1.25x (multiples of 1024). Padded rows cost GEMM time only
+# (attention skips them): at most ~25% of it, ~12% on average.
+DEFAULT_TOKENS = tuple(512 * k for k in range(1, 9)) + tuple(
+    1024 * k for k in (5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
+)
+# Unused segment slots are nearly free for cuDNN's packed path (256 slots for 20 frames: <= +4%, bench/NOTES.md).
 DEFAULT_SEGMENTS = (1, 4, 16, 64)
-# Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens).
+# Frames hold at least this many patches at Qwen3-VL's default min_pixels; the warm-up set assumes it.
+MIN_FRAME_TOKENS = 256
+# Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens), as given
+# when in one of these dtypes, else as float32.
 MAX_CHUNK_ROWS = 2048
+PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+# Per-executable XLA options (the user's global flags stay untouched): cuBLASLt rather than XLA's Triton
+# GEMMs fuses the bias and the MLP's GELU into the matmuls: -6% tower time on an H200 (bench/NOTES.md).
+COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cublaslt": True}
 
 
 class Bucket(NamedTuple):
@@ -92,8 +105,8 @@ class BucketPolicy:
         return [(self.fit(sum(layout.grid_tokens(grids[i]) for i in c), sum(grids[i][0] for i in c)), c) for c in calls]
 
     def buckets(self) -> list[Bucket]:
-        """Every bucket of the ladders (the default warm-up set): segments never outnumber 2x2 groups."""
-        return [Bucket(t, s) for t in self.tokens for s in self.segments if s <= t // 4]
+        """The default warm-up set: every pair of the ladders whose frames can average `MIN_FRAME_TOKENS`."""
+        return [Bucket(t, s) for t in self.tokens for s in self.segments if s == 1 or s * MIN_FRAME_TOKENS <= t]
 
 
 def enable_compilation_cache() -> str | None:
@@ -156,7 +169,10 @@ class Engine:
         enable_compilation_cache()
 
     def _max_length(self, bucket: Bucket, longest_frame: int) -> int:
-        """Static padded-batch row length: the smallest ladder size holding the longest frame (packed: unused)."""
+        """Static padded-batch row length: the smallest ladder size holding the longest frame (packed: unused).
+
+        So the padded fallback compiles per (bucket, row length) on first use; warm-up guesses equal frames.
+        """
         if self.impl != "cudnn_padded":
             return 0
         return min(bucket.tokens, self.policy.fit(longest_frame, 1).tokens)
@@ -180,17 +196,27 @@ class Engine:
                 jax.ShapeDtypeStruct((m,), np.int32),
             )
             fn = jax.jit(functools.partial(_program, self._graph, self.impl, max_length))
-            compiled = self._executables[key] = fn.lower(*args).compile()
+            options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
+            compiled = self._executables[key] = fn.lower(*args).compile(compiler_options=options)
             self.compiles += 1
         return compiled
 
-    def warmup(self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32) -> dict:
-        """Compile (or load from the persistent cache) each bucket now; returns seconds per bucket."""
+    def warmup(
+        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32, run: bool = True
+    ) -> dict[Bucket, float]:
+        """Compile (or load from the persistent cache) each bucket now, and with `run` execute it once on a
+        near-empty call (first executions load kernels and build cuDNN plans); returns seconds per bucket."""
         times = {}
         for b in self.policy.buckets() if buckets is None else buckets:
             b = Bucket(*b)
             start = time.perf_counter()
-            self.executable(b, pixel_dtype, self._max_length(b, b.tokens))
+            exe = self.executable(b, pixel_dtype, self._max_length(b, b.tokens // b.segments))
+            if run:
+                grids = [(1, self.cfg.spatial_merge_size, self.cfg.spatial_merge_size)]
+                packed = layout.pack(grids, *b, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
+                rows = layout.grid_tokens(grids[0])
+                chunks = self._chunks(np.zeros((rows, self.cfg.patch_dim), pixel_dtype), 0, rows, b.tokens)
+                jax.block_until_ready(exe(self._state, *jax.device_put((chunks, *packed))))
             times[b] = time.perf_counter() - start
         return times
 
@@ -212,20 +238,12 @@ class Engine:
             row += rows
         return calls
 
-    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[np.ndarray]:
-        """Per-image outputs in input order, as host arrays: one device-to-host copy per call, then views.
-
-        Splitting on the device would compile a slice per distinct image size; views of one host copy
-        compile nothing and cost one transfer of the packed output.
-        """
-        calls = self.run(pixel_values, grids)
-        for call in calls:
-            call.output.copy_to_host_async()
-        outs: list[np.ndarray] = [None] * len(grids)  # type: ignore[list-item]
-        for call in calls:
-            host = np.asarray(call.output)
+    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
+        """Per-image outputs in input order, on the device: zero-copy row views of each call's output."""
+        outs: list[jax.Array] = [None] * len(grids)  # type: ignore[list-item]
+        for call in self.run(pixel_values, grids):
             for i, (start, rows) in zip(call.images, call.spans, strict=True):
-                outs[i] = host[start : start + rows]
+                outs[i] = row_view(call.output, start, rows)
         return outs
 
     def _chunks(self, pixels: np.ndarray | jax.Array, row: int, rows: int, tokens: int) -> tuple:
@@ -251,7 +269,69 @@ class Engine:
         return tuple(out)
 
 
-PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+class _DLTensor(ctypes.Structure):
+    """DLPack's `DLTensor` (a stable C ABI) followed by `DLManagedTensor`'s two pointers."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", ctypes.c_int32 * 2),
+        ("ndim", ctypes.c_int32),
+        ("dtype", ctypes.c_uint8 * 4),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# Buffers handed to XLA must stay aligned: a view starting elsewhere is copied (by the runtime, no compile).
+_VIEW_ALIGN = 256
+
+
+class _Rows:
+    """A DLPack producer for rows [start, start+rows) of a row-major device array: JAX's own capsule of the
+    whole array with its data pointer advanced and its row count cut. The capsule keeps the parent buffer
+    alive until the view is freed."""
+
+    def __init__(self, array: jax.Array, start: int, rows: int):
+        self.array, self.start, self.rows = array, start, rows
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, **_):
+        capsule = self.array.__dlpack__(stream=stream)
+        tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+        tensor.data += self.start * math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
+        tensor.shape[0] = self.rows
+        return capsule
+
+
+def row_view(array: jax.Array, start: int, rows: int) -> jax.Array:
+    """Rows [start, start+rows) of a 2-D device array without a compilation, and without a copy when aligned.
+
+    A compiled slice would be specialized to the row count, i.e. compiled once per image size; this view
+    shares the parent's memory (JAX arrays are immutable, so sharing is safe). Rows that start off the
+    alignment XLA expects (only with unusual output widths) are copied by the runtime instead; a platform
+    that refuses DLPack gets the compiled slice.
+    """
+    if start == 0 and rows == array.shape[0]:
+        return array
+    aligned = (start * math.prod(array.shape[1:]) * array.dtype.itemsize) % _VIEW_ALIGN == 0
+    try:
+        return jax.dlpack.from_dlpack(_Rows(array, start, rows), copy=not aligned)
+    except Exception as e:  # any refusal: slice instead
+        warnings.warn(f"zero-copy row views unavailable ({e}); slicing per image size instead", stacklevel=2)
+    return _slice_rows(array, start, rows)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _slice_rows(array: jax.Array, start: int, rows: int) -> jax.Array:
+    return jax.lax.dynamic_slice_in_dim(array, start, rows)
 
 
 def _pixel_dtype(pixels: np.ndarray | jax.Array) -> np.dtype:

@@ -14,9 +14,8 @@ EPILOG = """examples:
 
 
 def _encode(args: argparse.Namespace) -> int:
-    import jax
     import numpy as np
-    from safetensors.flax import save_file
+    from safetensors.numpy import save_file
 
     import vitjax
     from vitjax.images import ImageInputError, expand_inputs
@@ -41,22 +40,25 @@ def _encode(args: argparse.Namespace) -> int:
         progress=len(items) > 1,
     )
     tensors, images, failed = {}, [], 0
-    cpu = jax.devices("cpu")[0]
+    width = enc.cfg.out_hidden_size
     for i, ((name, _), res) in enumerate(zip(items, results, strict=True)):
         if isinstance(res, ImageInputError):
             failed += 1
             print(f"vitjax: error: {res}", file=sys.stderr)
             images.append({"index": i, "source": name, "error": res.reason})
             continue
-        tensors[f"{i}.embeds"] = jax.device_put(res.embeds, cpu)
-        tensors[f"{i}.deepstack"] = jax.device_put(res.deepstack, cpu)
+        features = np.asarray(res.features)  # one device->host copy, split on the host
+        tensors[f"{i}.embeds"] = np.ascontiguousarray(features[:, :width])
+        tensors[f"{i}.deepstack"] = np.ascontiguousarray(
+            features[:, width:].reshape(len(features), -1, width).transpose(1, 0, 2)
+        )
         images.append(
             {
                 "index": i,
                 "source": name,
                 "grid_thw": list(res.grid_thw),
                 "sha256": res.sha256,
-                "tokens": int(res.embeds.shape[0]),
+                "tokens": len(features),
             }
         )
     meta = {

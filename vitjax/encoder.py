@@ -40,13 +40,25 @@ def _forward(graph: nnx.GraphDef, state: nnx.State, pixels: jax.Array, inputs: T
 
 @dataclass(frozen=True)
 class Encoded:
-    """One image's tower output, split the way Qwen3-VL's language model consumes it."""
+    """One image's tower output. `features` is what the tower wrote, on the device, untouched (SGLang's
+    column layout); `embeds` and `deepstack` are the split Qwen3-VL's language model consumes."""
 
     name: str
     grid_thw: tuple[int, int, int]
     sha256: str  # of the decoded RGB pixels
-    embeds: jax.Array  # [tokens, out_hidden]: the final merger
-    deepstack: jax.Array  # [len(deepstack_visual_indexes), tokens, out_hidden]
+    features: jax.Array  # [tokens, out_hidden * (1 + k)]: [merger | deepstack_0 | ... | deepstack_k-1]
+    out_hidden: int
+
+    @property
+    def embeds(self) -> jax.Array:
+        """[tokens, out_hidden]: the final merger's output."""
+        return self.features[:, : self.out_hidden]
+
+    @property
+    def deepstack(self) -> jax.Array:
+        """[k, tokens, out_hidden]: deepstack merger j's output at [j]."""
+        tokens = self.features.shape[0]
+        return self.features[:, self.out_hidden :].reshape(tokens, -1, self.out_hidden).transpose(1, 0, 2)
 
 
 class Encoder:
@@ -121,10 +133,12 @@ class Encoder:
             raise ValueError(f"pixel_values has shape {list(pixel_values.shape)}, but grid_thw needs {need}")
         return [tuple(int(v) for v in g) for g in grid]
 
-    def warmup(self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str = "float32") -> dict[Bucket, float]:
-        """Compile the bucket executables now (default: every bucket of the policy), or load them from the
-        persistent compilation cache; returns seconds per bucket."""
-        return self.engine.warmup(buckets, np.dtype(pixel_dtype))
+    def warmup(
+        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str = "float32", run: bool = True
+    ) -> dict[Bucket, float]:
+        """Compile the bucket executables now (default: every bucket of the policy) or load them from the
+        persistent compilation cache, and run each once; returns seconds per bucket."""
+        return self.engine.warmup(buckets, np.dtype(pixel_dtype), run)
 
     def run_packed(self, pixel_values: jax.Array | np.ndarray, packed: layout.Packed) -> jax.Array:
         """One unbucketed tower call on an already packed sequence (compiled per shape): `[T/4, output_width]`."""
@@ -136,10 +150,10 @@ class Encoder:
         )
         return self._forward(self._state, jnp.asarray(pixel_values), inputs, impl=self.attention)
 
-    def encode_patches(self, pixel_values: np.ndarray | jax.Array, grid_thw: np.ndarray) -> list[np.ndarray]:
+    def encode_patches(self, pixel_values: np.ndarray | jax.Array, grid_thw: np.ndarray) -> list[jax.Array]:
         """Pixel rows (HF processor output, concatenated) -> per image/video `[t*h*w/4, output_width]`.
 
-        Runs in bucketed calls of whole images (see `vitjax.buckets`); results are host arrays in input order.
+        Runs in bucketed calls of whole images (see `vitjax.buckets`); results stay on the device, in input order.
         """
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.asarray(pixel_values)
@@ -204,7 +218,7 @@ class Encoder:
                 pixels = np.concatenate([ready[d][0] for d in chunk])
                 outs = self.encode_patches(pixels, np.concatenate([ready[d][1] for d in chunk]))
                 for d, out in zip(chunk, outs, strict=True):
-                    found[d] = self._split(out, tuple(int(v) for v in ready[d][1][0]))
+                    found[d] = (tuple(int(v) for v in ready[d][1][0]), out)
                     self.cache.put((self.model_id, d, settings), found[d])
                 self.images_encoded += len(chunk)
                 bar.update(len(chunk))
@@ -216,16 +230,9 @@ class Encoder:
                     raise failure
                 results.append(failure)
             else:
-                grid, embeds, deepstack = found[digest]
-                results.append(Encoded(name, grid, digest, embeds, deepstack))
+                grid, features = found[digest]
+                results.append(Encoded(name, grid, digest, features, self.cfg.out_hidden_size))
         return results
-
-    def _split(self, out: jax.Array, grid: layout.Grid) -> tuple[layout.Grid, jax.Array, jax.Array]:
-        """`[tokens, out*(1+k)]` -> (grid, embeds `[tokens, out]`, deepstack `[k, tokens, out]`)."""
-        width = self.cfg.out_hidden_size
-        taps = len(self.cfg.deepstack_visual_indexes)
-        deepstack = out[:, width:].reshape(out.shape[0], taps, width).transpose(1, 0, 2)
-        return grid, out[:, :width], deepstack
 
 
 def _guard(name: str, work):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors reads bf16 tensors as numpy)
 import numpy as np
 from safetensors import safe_open
 from tqdm.auto import tqdm
@@ -116,7 +117,7 @@ def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
     """
     keys: list[tuple[Path, str]] = []
     for file in files:
-        with safe_open(file, framework="flax") as f:
+        with safe_open(file, framework="numpy") as f:
             keys.extend((file, k) for k in f.keys())  # noqa: SIM118 (not a dict)
     foreign = [k for _, k in keys if k.startswith(FOREIGN_PREFIXES)]
     if foreign:
@@ -145,7 +146,6 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
 
     params: Params = {}
     seen: set[str] = set()
-    cpu = jax.devices("cpu")[0]
     open_files: dict[Path, Any] = {}
     try:
         for file, key, name in tqdm(entries, desc="loading vision tower", disable=not progress, unit="tensor"):
@@ -156,12 +156,11 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
                 raise CheckpointError(f"{file}: unexpected tensor {key} for a {cfg.depth}-block tower")
             if name in seen:
                 raise CheckpointError(f"{file}: tensor {key} appears twice")
-            f = open_files.get(file) or open_files.setdefault(file, safe_open(file, framework="flax"))
+            f = open_files.get(file) or open_files.setdefault(file, safe_open(file, framework="numpy"))
             shape = tuple(f.get_slice(key).get_shape())
             if shape != target.shape:
                 raise CheckpointError(f"{file}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
-            with jax.default_device(cpu):
-                value = _transform(np.asarray(f.get_tensor(key)), target.kind)
+            value = _transform(f.get_tensor(key), target.kind)
             _place(params, target, value, cfg)
             seen.add(name)
     finally:

@@ -1,0 +1,194 @@
+"""Where one transformer block's time goes, and what the candidate changes to the tower buy (one GPU).
+
+Part times of one 8B block at the 20x960x1280 shape (each part separately jitted, inputs resident),
+beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at the measured copy rate);
+then the whole 27-block scan under variants: as shipped; without deepstack taps (the cost of writing
+the tap carry); XLA's Triton GEMMs off (what the bucket executables use); cuBLASLt on, with the GELU in
+bf16 so it can become the fc1 GEMM's epilogue. Prints one JSON object per measurement.
+
+    PYTHONPATH=. python bench/bench_block.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import vitjax
+from vitjax import attention, layout, model
+from vitjax.model import TowerInputs, apply_rotary, rotary_tables
+
+
+def timed(fn, *args, reps: int = 10) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def emit(**row) -> None:
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+
+
+def ceilings() -> tuple[float, float]:
+    """Measured bf16 matmul FLOP/s and device copy bytes/s."""
+    a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
+    t = timed(jax.jit(lambda a: a @ a), a)
+    x = jax.random.normal(jax.random.key(1), (1 << 30,), jnp.bfloat16)
+    c = timed(jax.jit(lambda x: x * 2), x)
+    flops, bw = 2 * 8192**3 / t, 2 * x.nbytes / c
+    emit(bench="ceiling", matmul_tflops=flops / 1e12, copy_tbs=bw / 1e12)
+    return flops, bw
+
+
+def inputs_for(cfg, grids, tokens, slots):
+    packed = layout.pack(grids, tokens, slots, side=cfg.grid_side)
+    dev = jax.device_put(packed)
+    seg = attention.Segments(dev.segment_ids, dev.segment_starts, dev.segment_lengths, 0)
+    return TowerInputs(dev.pos_index, dev.pos_weight, dev.rope_pos, seg)
+
+
+def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
+    tokens, d, inter = inputs.pos_index.shape[0], cfg.hidden_size, cfg.intermediate_size
+    graph, params = nnx.split(tower.blocks)
+    blk = nnx.merge(graph, jax.tree.map(lambda a: a[0], params))
+    bgraph, bstate = nnx.split(blk)
+    x = jax.random.normal(jax.random.key(2), (tokens, d), jnp.bfloat16)
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    heads, hd = cfg.num_heads, cfg.head_dim
+    seg = inputs.segments
+
+    def qkv(s, x):
+        b = nnx.merge(bgraph, s)
+        return b.attn.qkv(b.norm1(x)).reshape(tokens, 3, heads, hd)
+
+    def rot(s, y):
+        return apply_rotary(y[:, 0], cos, sin), apply_rotary(y[:, 1], cos, sin), y[:, 2]
+
+    def attn(s, q, k, v):
+        return attention.attention(q, k, v, seg, impl)
+
+    def proj(s, o, x):
+        return x + nnx.merge(bgraph, s).attn.proj(o.reshape(tokens, d))
+
+    def mlp_up(s, x):
+        b = nnx.merge(bgraph, s)
+        h = b.mlp.linear_fc1(b.norm2(x))
+        return jax.nn.gelu(h.astype(jnp.float32), approximate=True).astype(h.dtype)
+
+    def mlp_down(s, h, x):
+        return x + nnx.merge(bgraph, s).mlp.linear_fc2(h)
+
+    def whole(s, x):
+        return nnx.merge(bgraph, s)(x, cos, sin, seg, impl)
+
+    y = jax.jit(qkv)(bstate, x)
+    q, k, v = jax.jit(rot)(bstate, y)
+    o = jax.jit(attn)(bstate, q, k, v)
+    h = jax.jit(mlp_up)(bstate, x)
+    row_bytes = tokens * 2
+    useful = sum(int(n) ** 2 for n in np.asarray(seg.lengths))
+    parts = {
+        "ln1+qkv": (jax.jit(qkv), (bstate, x), 2 * tokens * d * 3 * d, row_bytes * (d + 3 * d)),
+        "rotary+v": (jax.jit(rot), (bstate, y), 0, row_bytes * 6 * d),
+        "attention": (jax.jit(attn), (bstate, q, k, v), 4 * d * useful, row_bytes * 4 * d),
+        "proj+residual": (jax.jit(proj), (bstate, o, x), 2 * tokens * d * d, row_bytes * 3 * d),
+        "ln2+fc1+gelu": (jax.jit(mlp_up), (bstate, x), 2 * tokens * d * inter, row_bytes * (d + inter)),
+        "fc2+residual": (jax.jit(mlp_down), (bstate, h, x), 2 * tokens * d * inter, row_bytes * (inter + 2 * d)),
+        "whole_block": (jax.jit(whole), (bstate, x), 0, 0),
+    }
+    for name, (fn, args, fl, by) in parts.items():
+        t = timed(fn, *args)
+        floor = max(fl / flops_rate, by / bw)
+        emit(bench="block_part", part=name, tokens=tokens, ms=t * 1e3, floor_ms=floor * 1e3, tflops=fl / t / 1e12)
+
+
+def scan_variants(cfg, grids, tokens, slots, impl, shape_name) -> None:
+    inputs = inputs_for(cfg, grids, tokens, slots)
+    no_triton = {"xla_gpu_enable_triton_gemm": False}
+    lt_no_triton = {**no_triton, "xla_gpu_enable_cublaslt": True}
+    variants = {"xla_defaults": (cfg, None, {})}
+    if shape_name == "20x960x1280":
+        variants["no_taps"] = (dataclasses.replace(cfg, deepstack_visual_indexes=()), None, no_triton)
+        variants["no_triton_gemm"] = (cfg, None, no_triton)
+        variants["cublaslt_no_triton"] = (cfg, None, lt_no_triton)
+        variants["gelu_bf16_cublaslt_no_triton"] = (cfg, "gelu_bf16", lt_no_triton)
+        variants["gelu_bf16_cublaslt"] = (cfg, "gelu_bf16", {"xla_gpu_enable_cublaslt": True})
+        variants["no_triton_gemm_again"] = (cfg, None, no_triton)
+    else:
+        variants["no_triton_gemm"] = (cfg, None, no_triton)
+    original = model.MLP.__call__
+
+    def gelu_bf16(self, x):
+        return self.linear_fc2(jax.nn.gelu(self.linear_fc1(x), approximate=True))
+
+    for name, (c, patch, options) in variants.items():
+        model.MLP.__call__ = gelu_bf16 if patch == "gelu_bf16" else original
+        try:
+            tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+            graph, abstract = nnx.split(tower)
+            state = random_state(abstract)
+            x = jax.random.normal(jax.random.key(3), (tokens, cfg.hidden_size), jnp.bfloat16)
+            fn = jax.jit(lambda s, x, inp, graph=graph: nnx.merge(graph, s).run_blocks(x, inp, impl))
+            start = time.perf_counter()
+            exe = fn.lower(state, x, inputs).compile(compiler_options=options or None)
+            compile_s = time.perf_counter() - start
+            t = timed(exe, state, x, inputs)
+            hlo = exe.as_text()
+            epilogues = sorted(set(re.findall(r'"epilogue":"(\w+)"', hlo)))
+            gemms = {k: hlo.count(k) for k in ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")}
+            emit(
+                bench="scan_variant",
+                shape=shape_name,
+                variant=name,
+                ms=t * 1e3,
+                compile_s=compile_s,
+                epilogues=epilogues,
+                gemms=gemms,
+            )
+        except Exception as e:  # a variant the installed XLA rejects is reported, not fatal
+            emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
+        finally:
+            model.MLP.__call__ = original
+
+
+def random_state(abstract):
+    """Random bf16 weights (timing on constants or zeros can flatter a kernel)."""
+    leaves, tree = jax.tree.flatten(abstract)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    return jax.tree.unflatten(
+        tree, [(jax.random.normal(k, s.shape) * 0.02).astype(s.dtype) for k, s in zip(keys, leaves, strict=True)]
+    )
+
+
+def main(smoke: bool = False) -> None:
+    """`smoke`: a tiny config and shapes, to check the script on a CPU."""
+    emit(device=jax.devices()[0].device_kind, jax=jax.__version__)
+    cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
+    big, small, tokens, small_tokens = [(1, 80, 60)] * 20, [(1, 44, 80)], 98304, 4096
+    if smoke:
+        cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
+        big, small, tokens, small_tokens = [(1, 8, 6)] * 3, [(1, 4, 8)], 256, 64
+    flops_rate, bw = (1e12, 1e11) if smoke else ceilings()
+    impl = attention.default_implementation()
+    tower = nnx.eval_shape(lambda: model.VisionTower(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    graph, abstract = nnx.split(tower)
+    tower = nnx.merge(graph, random_state(abstract))
+    block_parts(cfg, tower, inputs_for(cfg, big, tokens, 64), impl, flops_rate, bw)
+    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280")
+    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p")
+
+
+if __name__ == "__main__":
+    main(smoke="--smoke" in sys.argv)

@@ -1,0 +1,393 @@
+"""vitjax against HF transformers' Qwen3VLVisionModel (PyTorch, sdpa) on one GPU, same random bf16 weights.
+
+The HF tower is built from the 8B vision config with random init in bf16 on the GPU; its weights go
+through `save_pretrained` and vitjax's own loader (`Encoder.from_pretrained`: `vitjax.weights` ->
+`Encoder.from_params`), so both run identical weights on identical random pixel rows. HF is timed on
+its tower forward alone (inputs already on the GPU, `torch.cuda.synchronize` around it); vitjax on the
+full `encode_patches` call (host layout, host-to-device copy, tower, device-to-host copy and split),
+and also on the device-only tower call (`Engine.run` on device-resident pixels) for a like-for-like
+number. Also measured: per-part times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket
+(empty persistent cache) and warm start (a second process reading that cache).
+
+    PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
+
+Results: one JSON object per line; the last lines printed are a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Both frameworks share the GPU: JAX grows its pool on demand instead of taking 75% up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import vitjax  # noqa: E402
+from vitjax import layout  # noqa: E402
+from vitjax.buckets import COMPILER_OPTIONS, Bucket, BucketPolicy, row_view  # noqa: E402
+from vitjax.model import TowerInputs  # noqa: E402
+
+PRESET = "qwen3-vl-8b"
+RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}
+MAIN = [("1x720p", 1, "720p"), ("8x1080p", 8, "1080p"), ("20x960x1280", 20, "960x1280")]
+SWEEP_COUNTS = (1, 2, 4, 8, 16, 32)
+SWEEP_RES = ("720p", "1080p", "2k")
+
+
+def workloads(sweep: bool, smoke: bool) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    res = {k: (1, h // 8 * 2, w // 8 * 2) for k, (_, h, w) in RESOLUTIONS.items()} if smoke else RESOLUTIONS
+    items = [(name, [res[r]] * n) for name, n, r in MAIN]
+    if sweep:
+        items += [(f"{n}x{r}", [res[r]] * n) for r in SWEEP_RES for n in SWEEP_COUNTS]
+    seen, out = set(), []
+    for name, grids in items:
+        if name not in seen:
+            seen.add(name)
+            out.append((name, grids))
+    return out
+
+
+def flops(cfg: vitjax.VisionConfig, grids) -> tuple[float, float]:
+    """(GEMM FLOPs, attention FLOPs) of one tower call on these grids (multiply-add = 2)."""
+    d, inter, out = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
+    tokens = sum(t * h * w for t, h, w in grids)
+    per_block = 2 * tokens * (d * 3 * d + d * d + 2 * d * inter)
+    mergers = (1 + len(cfg.deepstack_visual_indexes)) * 2 * (tokens // 4) * (16 * d * d + 4 * d * out)
+    gemm = 2 * tokens * cfg.patch_dim * d + cfg.depth * per_block + mergers
+    attn = cfg.depth * 4 * d * sum(t * (h * w) ** 2 for t, h, w in grids)
+    return float(gemm), float(attn)
+
+
+def median_time(fn, reps: int) -> tuple[float, list[float]]:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), times
+
+
+def reps_for(tokens: int) -> int:
+    return 20 if tokens < 10_000 else 5 if tokens < 150_000 else 3
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
+    for name in ("jaxlib", "flax", "torch", "transformers"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    out["date"] = datetime.date.today().isoformat()
+    out["run"] = datetime.datetime.now().isoformat(timespec="seconds")  # several runs may share a day's file
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- HF
+
+
+def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit) -> None:
+    import torch
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
+    hf_cfg = Qwen3VLVisionConfig(**{k: v for k, v in cfg.to_hf().items() if k != "model_type"})
+    hf_cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3VLVisionModel._from_config(hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    model.save_pretrained(weights_dir)
+    emit({"phase": "hf_weights", "params": sum(p.numel() for p in model.parameters())})
+    for name, grids in items:
+        tokens = sum(t * h * w for t, h, w in grids)
+        x = torch.from_numpy(pool[:tokens]).to(device, torch.bfloat16)
+        grid = torch.tensor(grids, device=device)
+
+        def step(x=x, grid=grid, model=model):
+            with torch.inference_mode():
+                model(x, grid_thw=grid)
+            sync()
+
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t, times = median_time(step, reps_for(tokens))
+        gemm, attn = flops(cfg, grids)
+        emit(
+            {
+                "impl": "hf",
+                "workload": name,
+                "images": len(grids),
+                "patches": tokens,
+                "ms": t * 1e3,
+                "ms_all": [round(v * 1e3, 3) for v in times],
+                "tflops": (gemm + attn) / t / 1e12,
+                "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
+            }
+        )
+        del x
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------- vitjax
+
+
+def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> dict:
+    """Per-part device times on this bucket's shapes, each part a separately jitted function."""
+    graph, state, impl = enc._graph, enc._state, enc.attention
+    cfg = enc.cfg
+    packed = layout.pack(grids, *bucket, side=cfg.grid_side, merge=cfg.spatial_merge_size)
+    tokens = sum(t * h * w for t, h, w in grids)
+    pixels = np.zeros((bucket.tokens, cfg.patch_dim), np.float32)
+    pixels[:tokens] = pool[:tokens]
+    dev = jax.device_put((pixels, *packed))
+    from vitjax.attention import Segments
+
+    max_length = enc.engine._max_length(bucket, max(h * w for _, h, w in grids))
+    inputs = TowerInputs(dev[1], dev[2], dev[3], Segments(dev[4], dev[5], dev[6], max_length))
+
+    def compiled(fn, *args):  # with the bucket executables' XLA options
+        options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
+        return jax.jit(fn).lower(*args).compile(compiler_options=options)
+
+    x = compiled(lambda s, p, inp: nnx.merge(graph, s).embed(p, inp), state, dev[0], inputs)(state, dev[0], inputs)
+    blocks = compiled(lambda s, x, inp: nnx.merge(graph, s).run_blocks(x, inp, impl), state, x, inputs)
+    hidden, taps = blocks(state, x, inputs)
+    patch = compiled(lambda s, p: nnx.merge(graph, s).patch_embed(p), state, dev[0])
+    pos = compiled(lambda s, i, w: nnx.merge(graph, s).position_embedding(i, w), state, dev[1], dev[2])
+    merge = compiled(lambda s, x, taps: nnx.merge(graph, s).merge(x, taps), state, hidden, taps)
+    out = {}
+    for key, fn in (
+        ("patch_embed", lambda: patch(state, dev[0])),
+        ("position_embedding", lambda: pos(state, dev[1], dev[2])),
+        ("blocks", lambda: blocks(state, x, inputs)),
+        ("mergers", lambda: merge(state, hidden, taps)),
+    ):
+        out[key] = median_time(lambda fn=fn: jax.block_until_ready(fn()), 5)[0] * 1e3
+    out["host_layout_uncached"] = (
+        median_time(lambda: layout._pack.__wrapped__(tuple(grids), *bucket, cfg.grid_side, 2), 5)[0] * 1e3
+    )
+    out["host_layout_cached"] = median_time(lambda: layout.pack(grids, *bucket, side=cfg.grid_side), 20)[0] * 1e3
+    chunks = enc.engine._chunks(pool[:tokens], 0, tokens, bucket.tokens)
+    out["host_to_device"] = median_time(lambda: jax.block_until_ready(jax.device_put((chunks, *packed))), 5)[0] * 1e3
+    exe = enc.engine.executable(bucket, np.float32, max_length)
+    args = jax.device_put((chunks, *packed))
+    out["executable"] = median_time(lambda: jax.block_until_ready(exe(state, *args)), 5)[0] * 1e3
+    packed_out = jax.block_until_ready(exe(state, *args))
+    spans = layout.split_points(grids, cfg.merge_unit)
+    out["split_views"] = median_time(lambda: [row_view(packed_out, s, r) for s, r in spans], 20)[0] * 1e3
+    return out
+
+
+def run_vitjax(
+    cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit, parts: bool, policy=None
+) -> dict:
+    start = time.perf_counter()
+    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy)
+    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention})
+    compiled: dict = {}
+    for name, grids in items:
+        tokens = sum(t * h * w for t, h, w in grids)
+        plan = enc.engine.policy.plan(grids)
+        for bucket, images in plan:
+            if bucket not in compiled:
+                longest = max(grids[i][1] * grids[i][2] for i in images)
+                start = time.perf_counter()
+                exe = enc.engine.executable(bucket, np.float32, enc.engine._max_length(bucket, longest))
+                compiled[bucket] = time.perf_counter() - start
+                mem = exe.memory_analysis()
+                emit(
+                    {
+                        "phase": "compile",
+                        "bucket": list(bucket),
+                        "cold_compile_s": compiled[bucket],
+                        "temp_gib": getattr(mem, "temp_size_in_bytes", 0) / 2**30,
+                    }
+                )
+        pixels = pool[:tokens]
+        grid = np.array(grids)
+        t, times = median_time(
+            lambda pixels=pixels, grid=grid: jax.block_until_ready(enc.encode_patches(pixels, grid)), reps_for(tokens)
+        )
+        on_device = jax.device_put(pixels)  # float32 like the host path: the same executable
+
+        def device_only(on_device=on_device, grids=grids):
+            jax.block_until_ready([c.output for c in enc.engine.run(on_device, grids)])
+
+        t_dev, _ = median_time(device_only, reps_for(tokens))
+        del on_device
+        gemm, attn = flops(cfg, grids)
+        stats = jax.devices()[0].memory_stats() or {}
+        row = {
+            "impl": "vitjax",
+            "workload": name,
+            "images": len(grids),
+            "patches": tokens,
+            "buckets": [list(b) for b, _ in plan],
+            "ms": t * 1e3,
+            "ms_all": [round(v * 1e3, 3) for v in times],
+            "tflops": (gemm + attn) / t / 1e12,
+            "ms_device_only": t_dev * 1e3,
+            "tflops_device_only": (gemm + attn) / t_dev / 1e12,
+            "gemm_tflop": gemm / 1e12,
+            "attention_tflop": attn / 1e12,
+            "peak_gpu_gib_process": stats.get("peak_bytes_in_use", 0) / 2**30,
+        }
+        if parts and len(plan) == 1 and name in {m[0] for m in MAIN}:
+            row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
+        emit(row)
+    return {"buckets": [list(b) for b in compiled], "attention": enc.attention}
+
+
+def warm_start(weights_dir: Path, buckets: list, emit) -> None:
+    """A second process: load weights, warm the same buckets from the persistent cache, encode once."""
+    code = f"""
+import time, json, os
+t0 = time.perf_counter()
+import numpy as np, jax, vitjax
+t_import = time.perf_counter() - t0
+enc = vitjax.Encoder.from_pretrained({str(weights_dir)!r}, dtype="bfloat16")
+t_load = time.perf_counter() - t0
+times = enc.warmup([tuple(b) for b in {buckets!r}])
+t_warm = time.perf_counter() - t0
+grids = [(1, 80, 60)] * 20
+x = np.random.default_rng(0).standard_normal((96000, 1536), dtype=np.float32)
+s = time.perf_counter(); jax.block_until_ready(enc.encode_patches(x, np.array(grids))); first = time.perf_counter() - s
+print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": t_warm,
+    "warmup_s": sum(times.values()), "buckets": len(times), "first_20x960x1280_ms": first * 1e3}}))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("WARM ")), None)
+    if line is None:
+        emit({"phase": "warm_start", "error": proc.stderr[-2000:]})
+    else:
+        emit({"phase": "warm_start", **json.loads(line[5:])})
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def latest(rows: list[dict]) -> list[dict]:
+    """The last row of each (impl, workload): a later run of the same day supersedes an earlier one."""
+    return list({(r.get("impl"), r.get("workload")): r for r in rows if r.get("impl")}.values())
+
+
+def table(rows: list[dict]) -> str:
+    rows = latest(rows)
+    hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
+    lines = [
+        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'vitjax ms':>11}{'TF/s':>7}{'dev ms':>9}{'x HF':>7}"
+    ]
+    for r in rows:
+        if r.get("impl") != "vitjax":
+            continue
+        h = hf.get(r["workload"], {})
+        ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
+        hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
+        lines.append(
+            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}"
+            f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r['ms_device_only']:>9.1f}{ratio:>7}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = latest(rows)
+    fig, axes = plt.subplots(1, len(SWEEP_RES), figsize=(5 * len(SWEEP_RES), 4), sharey=False)
+    for ax, res in zip(axes, SWEEP_RES, strict=True):
+        for impl, style in (("hf", "o-"), ("vitjax", "s-")):
+            pts = sorted(
+                (r["images"], r["ms"]) for r in rows if r.get("impl") == impl and r["workload"].endswith(f"x{res}")
+            )
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, label="HF transformers (sdpa)" if impl == "hf" else "vitjax")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("images per request")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(f"{res} ({RESOLUTIONS[res][1] * RESOLUTIONS[res][2]} patches each)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    device = rows[0].get("device", "")
+    fig.suptitle(f"Qwen3-VL 8B vision tower, bf16, {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--sweep", action="store_true", help="also 1..32 images at 720p, 1080p and 2K")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-parts", action="store_true")
+    ap.add_argument("--no-warm-start", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny config and images: check the script on a CPU")
+    ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
+    args = ap.parse_args()
+    if args.plot:
+        path = Path(args.plot)
+        plot([json.loads(line) for line in path.read_text().splitlines()], path.with_suffix(".png"))
+        return
+    cfg, policy = vitjax.VisionConfig.preset(PRESET), None
+    if args.smoke:
+        cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
+        policy = BucketPolicy(tokens=(64, 256, 1024, 2048), segments=(1, 4, 16, 64), granule=64)
+    meta = versions()
+    tag = meta["device"].lower().replace("nvidia ", "").split()[0]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_file = out_dir / f"{tag}-{meta['date']}.jsonl"
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        row = {**meta, **row}
+        rows.append(row)
+        line = json.dumps(row)
+        print(line, flush=True)
+        with out_file.open("a") as f:
+            f.write(line + "\n")
+
+    items = workloads(args.sweep, args.smoke)
+    most = max(sum(t * h * w for t, h, w in g) for _, g in items)
+    pool = np.random.default_rng(0).standard_normal((most, 1536), dtype=np.float32)
+    work = Path(tempfile.mkdtemp(prefix="vitjax-bench-"))
+    os.environ["VITJAX_CACHE_DIR"] = str(work / "xla-cache")
+    weights = work / "weights"
+    run_hf(cfg, weights, [] if args.no_hf else items, pool, emit)  # the weights come from the HF model
+    info = run_vitjax(cfg, weights, items, pool, emit, parts=not args.no_parts, policy=policy)
+    if not (args.no_warm_start or args.smoke):
+        warm_start(weights, info["buckets"], emit)
+    print(table(rows), flush=True)
+    if args.sweep:
+        try:
+            plot(rows, out_file.with_suffix(".png"))
+        except ImportError:
+            print(f"matplotlib missing here: plot elsewhere with --plot {out_file}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Static-shape buckets: padding is invisible, requests split correctly, and a warm engine never compiles."""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY, pixels_for
+from flax import nnx
+
+import vitjax
+from vitjax import attention, layout
+from vitjax.buckets import Bucket, BucketPolicy, enable_compilation_cache, row_view
+from vitjax.encoder import abstract_tower
+
+CFG = TINY["hd72"]
+POLICY = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64)
+# Requests that all fit the policy's buckets: single images, mixes, a video, a 2x2 image.
+REQUESTS = [
+    [(1, 4, 4)],
+    [(1, 8, 8)],
+    [(1, 6, 10), (1, 2, 2)],
+    [(2, 4, 6), (1, 8, 4), (1, 4, 8)],
+    [(1, 2, 2)] * 8,
+    [(1, 10, 12), (1, 6, 6)],
+    [(1, 4, 14)] * 4,
+]
+
+
+@pytest.fixture(scope="module")
+def enc():
+    """Random fp32 weights drawn in numpy (initializing the Flax modules eagerly compiles dozens of ops)."""
+    rng = np.random.default_rng(0)
+    shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, s: rng.standard_normal(s.shape, np.float32) * 0.1 + (path[-1].key == "scale"), shapes
+    )
+    return vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY)
+
+
+def _unbucketed(enc, pixels, grids):
+    """The whole request through the exact-size (unpadded) path in one call, split per image."""
+    packed = layout.pack(grids, side=CFG.grid_side, merge=CFG.spatial_merge_size)
+    out = np.asarray(enc.run_packed(pixels, packed))
+    return [out[start : start + rows] for start, rows in layout.split_points(grids, CFG.merge_unit)]
+
+
+def _close(got, ref, rel=1e-5):
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    scale = float(np.abs(ref).max())
+    assert float(np.abs(got - ref).max()) <= rel * scale
+
+
+def test_policy_fit_and_plan():
+    assert POLICY.fit(64, 1) == Bucket(64, 1)
+    assert POLICY.fit(65, 3) == Bucket(128, 8)
+    assert POLICY.fit(300, 1) == Bucket(320, 1)  # past the ladder: dedicated, rounded to the granule
+    assert POLICY.fit(100, 9) == Bucket(128, 9)
+    grids = [(1, 8, 8), (1, 8, 12), (1, 4, 4), (1, 16, 18), (1, 2, 2)]  # 64, 96, 16, 288, 4 tokens
+    plan = POLICY.plan(grids)
+    assert [images for _, images in plan] == [[0, 1, 2], [3], [4]]
+    assert [b for b, _ in plan] == [Bucket(256, 8), Bucket(320, 1), Bucket(64, 1)]
+    assert [images for _, images in POLICY.plan([(1, 2, 2)] * 10)] == [list(range(8)), [8, 9]]
+    assert POLICY.buckets() == [Bucket(64, 1), Bucket(128, 1), Bucket(256, 1)]  # frames of >= 256 patches
+    assert len(BucketPolicy().buckets()) == 71
+    with pytest.raises(ValueError, match="multiples of 4"):
+        BucketPolicy(tokens=(6,))
+
+
+def test_bucketed_matches_unbucketed(enc):
+    grids = REQUESTS[3]
+    x = pixels_for(grids, CFG, seed=1)
+    for got, ref in zip(enc.encode_patches(x, np.array(grids)), _unbucketed(enc, x, grids), strict=True):
+        _close(got, ref)
+
+
+def test_image_alone_and_in_a_full_bucket(enc):
+    """The same image gives the same embedding alone (smallest bucket) and among others filling a bucket."""
+    target = (1, 6, 8)
+    others = [(1, 8, 8), (2, 4, 8), (1, 10, 8)]  # with the target: 48 + 64 + 64 + 80 = 256 tokens, 5 frames
+    x_target = pixels_for([target], CFG, seed=2)
+    alone = enc.encode_patches(x_target, np.array([target]))[0]
+    grids = [others[0], target, *others[1:]]
+    x_others = pixels_for(others, CFG, seed=3)
+    split = layout.grid_tokens(others[0])
+    x = np.concatenate([x_others[:split], x_target, x_others[split:]])
+    assert POLICY.plan(grids) == [(Bucket(256, 8), [0, 1, 2, 3])]
+    together = enc.encode_patches(x, np.array(grids))[1]
+    _close(together, alone)
+
+
+def test_no_compilation_in_steady_state(enc):
+    """After warm-up, many varied requests inside the bucket set compile nothing at all (counted by JAX)."""
+    enc.warmup([Bucket(t, s) for t in POLICY.tokens for s in POLICY.segments])
+    built = enc.engine.compiles
+    compiled: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        jax.jit(lambda a: a * 3)(np.arange(7))  # the counter sees a compile...
+        assert len(compiled) == 1
+        compiled.clear()
+        for seed, grids in enumerate(REQUESTS * 2):  # ...and sees none here
+            outs = enc.encode_patches(pixels_for(grids, CFG, seed=seed), np.array(grids))
+            assert [o.shape for o in outs] == [(layout.grid_tokens(g) // 4, CFG.output_width) for g in grids]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiled == []
+    assert enc.engine.compiles == built
+
+
+def test_request_over_largest_bucket_is_split(enc):
+    grids = [(1, 8, 12), (1, 10, 10), (2, 6, 6), (1, 2, 2), (1, 16, 18)]  # 96 + 100 + 72 + 4 + 288 = 560 tokens
+    x = pixels_for(grids, CFG, seed=4)
+    plan = POLICY.plan(grids)
+    assert len(plan) == 3 and plan[-1][0] == Bucket(320, 1)  # the 288-token image has its own bucket
+    got = enc.encode_patches(x, np.array(grids))
+    row = 0
+    for g, o in zip(grids, got, strict=True):
+        n = layout.grid_tokens(g)
+        assert o.shape == (n // 4, CFG.output_width)
+        _close(o, enc.encode_patches(x[row : row + n], np.array([g]))[0])
+        row += n
+
+
+def test_row_views_share_memory_and_outlive_their_parent():
+    x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)  # 64-byte rows
+    expected = np.asarray(x)
+    aligned = row_view(x, 8, 20)  # starts 512 bytes in: a view of x's memory
+    assert aligned.unsafe_buffer_pointer() - x.unsafe_buffer_pointer() == 8 * 64
+    odd = row_view(x, 3, 5)  # off alignment: a copy
+    assert row_view(x, 0, 64) is x
+    del x
+    gc.collect()
+    np.testing.assert_array_equal(aligned, expected[8:28])
+    np.testing.assert_array_equal(odd, expected[3:8])
+
+
+def test_device_resident_pixels(enc):
+    grids = REQUESTS[2]
+    x = pixels_for(grids, CFG, seed=5)
+    on_device = enc.encode_patches(jnp.asarray(x), np.array(grids))
+    for a, b in zip(on_device, enc.encode_patches(x, np.array(grids)), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("head_dim", [64, 72])
+def test_padded_batch_matches_reference(head_dim):
+    """The gather/scatter around the public API (run here with XLA): unused slots, padding, unequal frames."""
+    grids = [(1, 4, 6), (2, 2, 4), (1, 6, 6)]
+    packed = layout.pack(grids, 128, 8)
+    rng = np.random.default_rng(6)
+    q, k, v = (jnp.asarray(rng.standard_normal((128, 2, head_dim), np.float32)) for _ in range(3))
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=36)
+    ref = attention.attention(q, k, v, seg, "reference")
+    got = attention.padded_batch(q, k, v, seg, "xla")
+    real = packed.segment_ids >= 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real], atol=1e-5)
+    assert np.all(np.asarray(got)[~real] == 0)
+
+
+def test_default_implementation(monkeypatch):
+    monkeypatch.delenv(attention.ENV_VAR, raising=False)
+    assert attention.default_implementation() == "reference"  # CPU
+    monkeypatch.setenv(attention.ENV_VAR, "cudnn_padded")
+    assert attention.default_implementation() == "cudnn_padded"
+    monkeypatch.setenv(attention.ENV_VAR, "flash")
+    with pytest.raises(ValueError, match="unknown attention implementation"):
+        attention.default_implementation()
+    assert attention.cudnn_packed_available() is False
+
+
+def test_compilation_cache_directory(monkeypatch, tmp_path):
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        monkeypatch.setenv("VITJAX_CACHE_DIR", "off")
+        assert enable_compilation_cache() is None
+        monkeypatch.setenv("VITJAX_CACHE_DIR", str(tmp_path))
+        assert enable_compilation_cache() == str(tmp_path) == jax.config.jax_compilation_cache_dir
+        jax.config.update("jax_compilation_cache_dir", "/somewhere/of/the/users")
+        assert enable_compilation_cache() == "/somewhere/of/the/users"  # a user's own setting is kept
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

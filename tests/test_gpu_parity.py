@@ -1,0 +1,117 @@
+"""GPU parity at full size: vitjax (bf16) against HF transformers on the 8B vision config, random weights.
+
+Skipped without an NVIDIA GPU. The shared conftest pins JAX to the CPU unless told otherwise, so run
+(the weight loader also wants the CPU backend):
+
+    JAX_PLATFORMS=cuda,cpu python -m pytest -m gpu tests/test_gpu_parity.py -s
+
+Per image: cosine similarity and mean abs error of vitjax bf16 against HF fp32, beside HF's own bf16
+against its fp32 (the gap bf16 itself costs); and the three attention paths against each other, both
+on raw attention (head_dim 72 and 64) and through the whole tower.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitjax import attention, layout, weights
+
+torch = pytest.importorskip("torch")
+
+
+def _gpu() -> bool:
+    return torch.cuda.is_available() and os.environ.get("JAX_PLATFORMS", "") != "cpu" and jax.default_backend() == "gpu"
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU (JAX_PLATFORMS=cuda)")]
+
+# 720p, a portrait photo, a small square and a 2-frame video: 3520 + 768 + 256 + 480 patches.
+GRIDS = [(1, 44, 80), (1, 32, 24), (1, 16, 16), (2, 12, 20)]
+
+
+def _cos_mae(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), float(np.abs(a - b).mean())
+
+
+@pytest.fixture(scope="module")
+def towers(tmp_path_factory):
+    """HF bf16 and fp32 towers with identical random weights, and vitjax encoders for each attention path."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    import vitjax
+
+    cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
+    hf_cfg = Qwen3VLVisionConfig(**{k: v for k, v in cfg.to_hf().items() if k != "model_type"})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = Qwen3VLVisionModel._from_config(hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        with torch.no_grad():  # HF leaves norms at 1 and biases at 0: perturb them so they are exercised
+            for name, p in hf.named_parameters():
+                if "norm" in name or name.endswith("bias"):
+                    p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("hf-8b")
+    hf.save_pretrained(path)
+    hf32 = copy.deepcopy(hf).float()
+    params = weights.load_hf(path, cfg)
+    encoders = {
+        impl: vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", attention=impl)
+        for impl in attention.IMPLEMENTATIONS
+        if impl != "cudnn_packed" or attention.cudnn_packed_available()
+    }
+    return cfg, hf, hf32, encoders
+
+
+def _hf(model, pixels: np.ndarray, dtype) -> np.ndarray:
+    with torch.inference_mode():
+        out = model(torch.from_numpy(pixels).to("cuda", dtype), grid_thw=torch.tensor(GRIDS, device="cuda"))
+    return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().cpu().numpy()
+
+
+def test_tower_matches_hf(towers):
+    cfg, hf, hf32, encoders = towers
+    tokens = sum(layout.grid_tokens(g) for g in GRIDS)
+    pixels = np.random.default_rng(0).standard_normal((tokens, cfg.patch_dim), dtype=np.float32)
+    ref, hf_bf16 = _hf(hf32, pixels, torch.float32), _hf(hf, pixels, torch.bfloat16)
+    outs = {impl: enc.encode_patches(pixels, np.array(GRIDS)) for impl, enc in encoders.items()}
+    for i, (start, rows) in enumerate(layout.split_points(GRIDS)):
+        hf_cos, hf_mae = _cos_mae(hf_bf16[start : start + rows], ref[start : start + rows])
+        for impl, per_image in outs.items():
+            got = np.asarray(per_image[i], np.float32)
+            cos, mae = _cos_mae(got, ref[start : start + rows])
+            print(
+                f"image {i} {GRIDS[i]} {impl:>13}: cos {cos:.6f} mae {mae:.3e} | HF bf16 vs fp32: cos {hf_cos:.6f} "
+                f"mae {hf_mae:.3e}"
+            )
+            assert cos > 0.995 and mae <= 2 * hf_mae, (impl, i, cos, mae, hf_cos, hf_mae)
+    names = list(outs)
+    for impl in names[1:]:
+        for a, b in zip(outs[names[0]], outs[impl], strict=True):
+            cos, _ = _cos_mae(np.asarray(a, np.float32), np.asarray(b, np.float32))
+            assert cos > 0.999, (names[0], impl, cos)
+
+
+@pytest.mark.parametrize("head_dim", [72, 64])
+@pytest.mark.parametrize("grids, slots", [([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 8), ([(1, 44, 80)], 1)])
+def test_attention_paths_agree(head_dim, grids, slots):
+    """Odd frame sizes, a 2x2 frame, unused segment slots and tail padding; and one frame in a one-slot bucket."""
+    packed = layout.pack(grids, 6144, slots)
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=4096)
+    rng = np.random.default_rng(head_dim)
+    q, k, v = (jnp.asarray(rng.standard_normal((6144, 16, head_dim)), jnp.bfloat16) for _ in range(3))
+    run = jax.jit(attention.attention, static_argnums=4)
+    ref = np.asarray(run(q, k, v, seg, "reference"), np.float32)
+    real = packed.segment_ids >= 0
+    impls = ["cudnn_padded"] + (["cudnn_packed"] if attention.cudnn_packed_available() else [])
+    for impl in impls:
+        got = np.asarray(run(q, k, v, seg, impl), np.float32)
+        err = float(np.abs(got[real] - ref[real]).max())
+        print(f"attention head_dim {head_dim} slots {slots} {impl}: max abs error {err:.4f} against fp32 reference")
+        assert err < 0.03, (impl, err)
