@@ -1,9 +1,8 @@
 """GPU parity at full size: vitjax (bf16) against HF transformers on the 8B vision config, random weights.
 
-Skipped without an NVIDIA GPU. The shared conftest pins JAX to the CPU unless told otherwise, so run
-(the weight loader also wants the CPU backend):
+Skipped without an NVIDIA GPU. The shared conftest pins JAX to the CPU unless told otherwise, so run:
 
-    JAX_PLATFORMS=cuda,cpu python -m pytest -m gpu tests/test_gpu_parity.py -s
+    JAX_PLATFORMS=cuda python -m pytest -m gpu tests/test_gpu_parity.py -s
 
 Per image: cosine similarity and mean abs error of vitjax bf16 against HF fp32, beside HF's own bf16
 against its fp32 (the gap bf16 itself costs); and the three attention paths against each other, both

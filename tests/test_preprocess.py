@@ -363,3 +363,16 @@ def test_load_errors_propagate_with_the_name(tmp_path):
     with pytest.raises(ImageInputError, match="no such file") as info:
         preprocess_image(missing)
     assert info.value.name == str(missing)
+
+
+def test_out_buffer_receives_the_same_rows():
+    """`out=` writes into a caller's buffer (a batch's rows) exactly what the plain call returns."""
+    image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (70, 90, 3), np.uint8))
+    ref, grid = preprocess_image(image)
+    batch = np.full((len(ref) + 8, ref.shape[1]), np.nan, np.float32)
+    got, got_grid = preprocess_image(image, out=batch[4 : 4 + len(ref)])
+    np.testing.assert_array_equal(batch[4 : 4 + len(ref)], ref)
+    assert np.isnan(batch[:4]).all() and np.isnan(batch[4 + len(ref) :]).all()
+    np.testing.assert_array_equal(got_grid, grid)
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32 array"):
+        preprocess_image(image, out=np.empty((len(ref), 10), np.float32))

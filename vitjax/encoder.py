@@ -23,7 +23,7 @@ from vitjax.cache import EmbeddingCache, pixel_digest
 from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, load_image
 from vitjax.model import TowerInputs, VisionTower
-from vitjax.preprocess import preprocess_image
+from vitjax.preprocess import preprocess_image, resized_size
 
 MIN_PIXELS, MAX_PIXELS = 65536, 16777216
 BATCH_TOKENS = 98304  # patches per tower call when encoding images: 20 photos of 960x1280
@@ -172,67 +172,85 @@ class Encoder:
     ) -> list[Encoded | ImageInputError]:
         """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) -> one `Encoded` each, in order.
 
-        Decoding and preprocessing run in threads; images are packed into tower calls of at most
-        `batch_tokens` patches; an image seen before (same pixels, settings and weights) comes from the
-        cache, and duplicates within a call are encoded once. With `errors="return"` a bad input yields
-        its `ImageInputError` in its slot and the rest are still encoded; with "raise" it is raised.
+        Decoding, hashing and preprocessing run in threads, the preprocessing straight into each tower
+        call's pixel buffer, and the next call's preprocessing overlaps the device's work on the last.
+        Calls hold at most `batch_tokens` patches. An image seen before (same pixels, settings and
+        weights) comes from the cache; duplicates within a request are encoded once. With
+        `errors="return"` a bad input yields its `ImageInputError` in its slot and the rest are still
+        encoded; with "raise" it is raised.
         """
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', not {errors!r}")
         items = expand_inputs(images)
         settings = (min_pixels, max_pixels)
-        workers = min(8, os.cpu_count() or 1)
-        with ThreadPoolExecutor(workers) as pool:
-            loaded = list(pool.map(lambda item: _guard(item[0], lambda: load_image(item[1], item[0])), items))
-            digests = [None if isinstance(img, ImageInputError) else pixel_digest(img) for img in loaded]
-            found: dict[str, object] = {}
-            todo: dict[str, int] = {}  # digest -> index of its first image, for the cache misses
-            for i, digest in enumerate(digests):
-                if digest is None or digest in found or digest in todo:
+        factor = self.cfg.patch_size * self.cfg.spatial_merge_size
+
+        def load(item: tuple[str, object]):
+            image = load_image(item[1], item[0])
+            return image, pixel_digest(image), resized_size(image, min_pixels, max_pixels, factor, item[0])
+
+        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+            loaded = list(pool.map(lambda item: _guard(item[0], lambda: load(item)), items))
+            found: dict[str, tuple[layout.Grid, jax.Array] | ImageInputError] = {}
+            todo: dict[str, tuple[str, object, layout.Grid]] = {}  # digest -> (name, image, grid), cache misses
+            for (name, _), entry in zip(items, loaded, strict=True):
+                if isinstance(entry, ImageInputError) or entry[1] in found or entry[1] in todo:
                     continue
+                image, digest, (height, width) = entry
                 cached = self.cache.get((self.model_id, digest, settings))
-                if cached is None:
-                    todo[digest] = i
-                else:
+                if cached is not None:
                     found[digest] = cached
-
-            def prepare(i: int):
-                p, name = self.cfg, items[i][0]
-                return _guard(
-                    name,
-                    lambda: preprocess_image(
-                        loaded[i],
-                        min_pixels,
-                        max_pixels,
-                        patch_size=p.patch_size,
-                        merge_size=p.spatial_merge_size,
-                        temporal_patch_size=p.temporal_patch_size,
-                        name=name,
-                    ),
-                )
-
-            prepared = dict(zip(todo, pool.map(prepare, todo.values()), strict=True))
-        ready = {d: v for d, v in prepared.items() if not isinstance(v, ImageInputError)}
-        with tqdm(total=len(ready), desc="encoding", unit="image", disable=not progress) as bar:
-            for chunk in _chunks(list(ready), lambda d: int(np.prod(ready[d][1])), batch_tokens):
-                pixels = np.concatenate([ready[d][0] for d in chunk])
-                outs = self.encode_patches(pixels, np.concatenate([ready[d][1] for d in chunk]))
-                for d, out in zip(chunk, outs, strict=True):
-                    found[d] = (tuple(int(v) for v in ready[d][1][0]), out)
-                    self.cache.put((self.model_id, d, settings), found[d])
-                self.images_encoded += len(chunk)
-                bar.update(len(chunk))
+                else:
+                    todo[digest] = (name, image, (1, height // self.cfg.patch_size, width // self.cfg.patch_size))
+            with tqdm(total=len(todo), desc="encoding", unit="image", disable=not progress) as bar:
+                for chunk in _chunks(list(todo), lambda d: layout.grid_tokens(todo[d][2]), batch_tokens):
+                    found.update(self._encode_chunk(pool, [(d, *todo[d]) for d in chunk], settings))
+                    bar.update(len(chunk))
         results: list[Encoded | ImageInputError] = []
-        for (name, _), img, digest in zip(items, loaded, digests, strict=True):
-            failure = img if digest is None else prepared.get(digest)
-            if isinstance(failure, ImageInputError):
+        for (name, _), entry in zip(items, loaded, strict=True):
+            value = entry if isinstance(entry, ImageInputError) else found[entry[1]]
+            if isinstance(value, ImageInputError):
                 if errors == "raise":
-                    raise failure
-                results.append(failure)
+                    raise value
+                results.append(value)
             else:
-                grid, features = found[digest]
-                results.append(Encoded(name, grid, digest, features, self.cfg.out_hidden_size))
+                results.append(Encoded(name, value[0], entry[1], value[1], self.cfg.out_hidden_size))
         return results
+
+    def _encode_chunk(self, pool: ThreadPoolExecutor, chunk: list, settings: tuple[int, int]) -> dict:
+        """Preprocess (digest, name, image, grid) entries into one pixel buffer in threads, dispatch one
+        `encode_patches` (asynchronous), cache and return digest -> (grid, features) or error."""
+        p = self.cfg
+        sizes = [layout.grid_tokens(grid) for *_, grid in chunk]
+        starts = np.cumsum([0, *sizes])
+        pixels = np.empty((starts[-1], p.patch_dim), np.float32)
+
+        def fill(j: int):
+            _, name, image, _ = chunk[j]
+            return _guard(
+                name,
+                lambda: preprocess_image(
+                    image,
+                    *settings,
+                    patch_size=p.patch_size,
+                    merge_size=p.spatial_merge_size,
+                    temporal_patch_size=p.temporal_patch_size,
+                    name=name,
+                    out=pixels[starts[j] : starts[j + 1]],
+                ),
+            )
+
+        filled = list(pool.map(fill, range(len(chunk))))
+        outs = self.encode_patches(pixels, np.array([grid for *_, grid in chunk]))
+        self.images_encoded += len(chunk)
+        done = {}
+        for (digest, *_, grid), result, out in zip(chunk, filled, outs, strict=True):
+            if isinstance(result, ImageInputError):
+                done[digest] = result
+            else:
+                done[digest] = (grid, out)
+                self.cache.put((self.model_id, digest, settings), done[digest])
+        return done
 
 
 def _guard(name: str, work):

@@ -67,20 +67,18 @@ def preprocess_image(
     merge_size: int = 2,
     temporal_patch_size: int = 2,
     name: str | None = None,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One image (anything `load_image` accepts) -> (pixel_values [h*w, 3*T*P*P] float32, grid_thw [1, 3]).
 
     Rows are patches in merge-window order; columns are (channel, temporal, row, col) of the patch, the
     image repeated over the temporal axis. Errors (undecodable input, aspect ratio over 200) are
-    `ImageInputError`s naming the input (`name`, else as `load_image` names it).
+    `ImageInputError`s naming the input (`name`, else as `load_image` names it). With `out` (a C-contiguous
+    float32 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there.
     """
     name = name if name is not None else input_name(image)
     rgb = load_image(image, name)
-    factor = patch_size * merge_size
-    try:
-        height, width = smart_resize(rgb.height, rgb.width, factor, min_pixels, max_pixels)
-    except ValueError as e:
-        raise ImageInputError(name, str(e)) from e
+    height, width = resized_size(rgb, min_pixels, max_pixels, patch_size * merge_size, name)
     pixels = np.asarray(rgb.resize((width, height), Image.Resampling.BICUBIC))  # (H, W, 3) uint8
     grid_h, grid_w = height // patch_size, width // patch_size
     m, p = merge_size, patch_size
@@ -88,7 +86,22 @@ def preprocess_image(
     windows = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
     levels = np.ascontiguousarray(windows).reshape(grid_h * grid_w, 3, 1, p * p)
     frame = np.take(_TABLE, levels, mode="clip")  # uint8 indices are always in range; clip skips checks
-    out = np.empty((grid_h * grid_w, 3, temporal_patch_size, p * p), np.float32)
-    out[...] = frame
-    grid_thw = np.array([[1, grid_h, grid_w]], dtype=np.int64)
-    return out.reshape(grid_h * grid_w, -1), grid_thw
+    shape = (grid_h * grid_w, 3 * temporal_patch_size * p * p)
+    if out is None:
+        out = np.empty(shape, np.float32)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous float32 array of shape {list(shape)}, got {out.dtype} {list(out.shape)}"
+        )
+    out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = frame
+    return out, np.array([[1, grid_h, grid_w]], dtype=np.int64)
+
+
+def resized_size(
+    image: Image.Image, min_pixels: int, max_pixels: int, factor: int = 32, name: str = ""
+) -> tuple[int, int]:
+    """(height, width) `preprocess_image` resizes `image` to; an aspect-ratio error names the input."""
+    try:
+        return smart_resize(image.height, image.width, factor, min_pixels, max_pixels)
+    except ValueError as e:
+        raise ImageInputError(name or input_name(image), str(e)) from e

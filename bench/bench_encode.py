@@ -1,0 +1,159 @@
+"""Images in, embeddings out, end to end: vitjax `Encoder.encode` against HF's image processor + tower.
+
+The workload of DESIGN.md's decode row: 20 distinct JPEGs of 960x1280 (made from the photographs in
+tests/data/images, each cropped differently), as encoded bytes. HF: `Qwen2VLImageProcessorPil` with
+Qwen3-VL's settings (decode, resize, normalize, patchify on the CPU), then its `Qwen3VLVisionModel`
+(sdpa, bf16) on the GPU. vitjax: `Encoder.encode(jpeg_bytes)` with the embedding cache off (decode and
+preprocessing in threads, bucketed tower) on the same weights. Both are timed until the embeddings are
+ready on the GPU; the CPU-side preprocessing of each is also timed alone.
+
+    PYTHONPATH=. python bench/bench_encode.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_vit import PRESET, flops, median_time, versions  # noqa: E402
+
+import vitjax  # noqa: E402
+from vitjax.preprocess import preprocess_image  # noqa: E402
+
+PHOTOS = Path(__file__).resolve().parents[1] / "tests" / "data" / "images"
+
+
+def jpegs(count: int = 20, size: tuple[int, int] = (960, 1280)) -> list[bytes]:
+    """`count` distinct JPEGs of width x height, each a different crop of a shipped photograph."""
+    photos = [Image.open(p).convert("RGB") for p in sorted(PHOTOS.glob("*.[jp][pn]g"))]
+    out = []
+    for k in range(count):
+        img = photos[k % len(photos)].resize((size[0] + 40, size[1] + 40), Image.BICUBIC)
+        img = img.crop((k, 2 * k % 40, k + size[0], 2 * k % 40 + size[1]))
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--images", type=int, default=20)
+    args = parser.parse_args()
+
+    import torch
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    cfg = vitjax.VisionConfig.preset(PRESET)
+    data = jpegs(args.images)
+    meta = versions()
+    rows = []
+
+    def emit(row: dict) -> None:
+        rows.append({**meta, "bench": "encode", "workload": f"{args.images}x960x1280 jpeg", **row})
+        print(json.dumps(rows[-1]), flush=True)
+
+    # HF: processor (PIL backend, exact) then the tower, on weights vitjax loads below.
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+    )
+    hf_cfg = Qwen3VLVisionConfig(**{k: v for k, v in cfg.to_hf().items() if k != "model_type"})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3VLVisionModel._from_config(hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    weights_dir = Path(tempfile.mkdtemp())
+    model.save_pretrained(weights_dir)
+
+    def hf_preprocess():
+        return processor(images=[Image.open(io.BytesIO(b)) for b in data], return_tensors="pt")
+
+    def hf_end_to_end():
+        batch = hf_preprocess()
+        with torch.inference_mode():
+            model(batch["pixel_values"].to("cuda", torch.bfloat16), grid_thw=batch["image_grid_thw"].to("cuda"))
+        torch.cuda.synchronize()
+
+    grids = [tuple(int(v) for v in g) for g in hf_preprocess()["image_grid_thw"]]
+    gemm, attn = flops(cfg, grids)
+    t, times = median_time(hf_preprocess, 5)
+    emit({"impl": "hf", "part": "preprocess", "ms": t * 1e3, "ms_all": [round(v * 1e3, 2) for v in times]})
+    t, times = median_time(hf_end_to_end, 5)
+    emit(
+        {
+            "impl": "hf",
+            "part": "end_to_end",
+            "ms": t * 1e3,
+            "ms_all": [round(v * 1e3, 2) for v in times],
+            "patches": sum(np.prod(g) for g in grids).item(),
+            "tflops": (gemm + attn) / t / 1e12,
+        }
+    )
+    model = None  # free the GPU for JAX
+    torch.cuda.empty_cache()
+
+    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0)
+    workers = min(8, os.cpu_count() or 1)
+
+    def vj_preprocess():
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(preprocess_image, data))
+
+    def vj_end_to_end():
+        out = enc.encode(data)
+        jax.block_until_ready([o.features for o in out])
+
+    t, times = median_time(vj_preprocess, 5)
+    emit(
+        {
+            "impl": "vitjax",
+            "part": "preprocess",
+            "ms": t * 1e3,
+            "ms_all": [round(v * 1e3, 2) for v in times],
+            "threads": workers,
+        }
+    )
+    t, times = median_time(vj_end_to_end, 5)
+    emit(
+        {
+            "impl": "vitjax",
+            "part": "end_to_end",
+            "ms": t * 1e3,
+            "ms_all": [round(v * 1e3, 2) for v in times],
+            "patches": sum(np.prod(g) for g in grids).item(),
+            "tflops": (gemm + attn) / t / 1e12,
+            "attention": enc.attention,
+        }
+    )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{meta['device'].split()[-1].lower()}-{meta['date']}.jsonl"
+    with path.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(f"\n{'impl':8} {'part':12} {'ms':>9}")
+    for r in rows:
+        print(f"{r['impl']:8} {r['part']:12} {r['ms']:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
