@@ -7,6 +7,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from vitjax.encoder import BATCH_TOKENS
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
+
 EPILOG = """examples:
   vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
   vitjax encode a.jpg b.png --model checkpoints/qwen3-vl-8b -o embeds.safetensors
@@ -96,10 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     weights.add_argument("--model", help="HF checkpoint directory or a directory written by `vitjax convert`")
     weights.add_argument("--random-init", metavar="PRESET", help="random weights of a preset, e.g. qwen3-vl-2b")
     enc.add_argument("-o", "--output", required=True, help="output .safetensors file")
-    enc.add_argument("--min-pixels", type=int, default=65536, help="smallest resized area (default: %(default)s)")
-    enc.add_argument("--max-pixels", type=int, default=16777216, help="largest resized area (default: %(default)s)")
+    enc.add_argument("--min-pixels", type=int, default=MIN_PIXELS, help="smallest resized area (default: %(default)s)")
+    enc.add_argument("--max-pixels", type=int, default=MAX_PIXELS, help="largest resized area (default: %(default)s)")
     enc.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="(default: %(default)s)")
-    enc.add_argument("--batch-tokens", type=int, default=98304, help="patches per tower call (default: %(default)s)")
+    enc.add_argument(
+        "--batch-tokens", type=int, default=BATCH_TOKENS, help="patches per tower call (default: %(default)s)"
+    )
     enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
     enc.set_defaults(func=_encode)
 

@@ -19,11 +19,13 @@ from PIL import Image
 from vitjax.images import ImageInputError, input_name, load_image
 
 MAX_ASPECT_RATIO = 200
+# Qwen3-VL's preprocessor_config.json: shortest_edge / longest_edge, in pixels of area.
+MIN_PIXELS, MAX_PIXELS = 65536, 16777216
 IMAGE_MEAN = IMAGE_STD = 0.5
 
 
 def smart_resize(
-    height: int, width: int, factor: int = 32, min_pixels: int = 65536, max_pixels: int = 16777216
+    height: int, width: int, factor: int = 32, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
 ) -> tuple[int, int]:
     """HF's `smart_resize`: sides become multiples of `factor`, the area lands in [min_pixels, max_pixels].
 
@@ -60,8 +62,8 @@ _TABLE = _normalized_table()
 
 def preprocess_image(
     image: object,
-    min_pixels: int = 65536,
-    max_pixels: int = 16777216,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
     *,
     patch_size: int = 16,
     merge_size: int = 2,
