@@ -20,21 +20,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_attention import timed  # bench/ is on sys.path when run as a script
 from flax import nnx
 
 import vitjax
 from vitjax import attention, layout, model
 from vitjax.model import TowerInputs, apply_rotary, rotary_tables
-
-
-def timed(fn, *args, reps: int = 10) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
 
 
 def emit(**row) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers.image_utils import PILImageResampling
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
@@ -28,6 +30,20 @@ TINY = {
 }
 # Several images and a t=2 video packed together; non-square grids; a single 2x2 image.
 GRIDS = [(1, 6, 8), (2, 4, 10), (1, 2, 2), (1, 12, 4)]
+
+
+def make_hf(patch: int = 16, min_pixels: int = 65536, max_pixels: int = 16777216) -> Qwen2VLImageProcessorPil:
+    """HF's image processor as Qwen3-VL ships it, built locally (nothing from a hub)."""
+    return Qwen2VLImageProcessorPil(
+        patch_size=patch,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        resample=PILImageResampling.BICUBIC,
+        do_convert_rgb=True,
+    )
 
 
 def hf_vision_config(cfg: vitjax.VisionConfig) -> Qwen3VLVisionConfig:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, hf_vision_model
+from conftest import TINY, hf_vision_model, make_hf
 from PIL import Image
 from safetensors import safe_open
 from safetensors.numpy import load_file
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 import vitjax
 from vitjax.cache import EmbeddingCache
@@ -39,15 +38,7 @@ def enc(checkpoint):
 
 
 def hf_pixels(path: Path, max_pixels: int = MAX_PIXELS):
-    processor = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": 65536, "longest_edge": max_pixels},
-    )
-    out = processor(images=[Image.open(path)], return_tensors="np")
+    out = make_hf(max_pixels=max_pixels)(images=[Image.open(path)], return_tensors="np")
     return out["pixel_values"], out["image_grid_thw"]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_hf
 from PIL import Image, ImageOps
-from transformers.image_utils import PILImageResampling
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 
@@ -18,20 +18,6 @@ from vitjax.images import ImageInputError
 from vitjax.preprocess import preprocess_image, smart_resize
 
 PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
-
-
-def make_hf(patch: int = 16, min_pixels: int = 65536, max_pixels: int = 16777216) -> Qwen2VLImageProcessorPil:
-    """The processor as Qwen3-VL ships it, built locally (nothing from a hub)."""
-    return Qwen2VLImageProcessorPil(
-        patch_size=patch,
-        merge_size=2,
-        temporal_patch_size=2,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
-        resample=PILImageResampling.BICUBIC,
-        do_convert_rgb=True,
-    )
 
 
 @pytest.fixture(scope="module")
