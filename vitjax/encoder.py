@@ -1,4 +1,4 @@
-"""The user-facing Encoder: weights on device plus one jit-compiled pure forward function."""
+"""The user-facing Encoder: weights on the device, bucketed tower calls, and the images -> embeddings pipeline."""
 
 from __future__ import annotations
 
