@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from conftest import TINY, hf_vision_model, make_hf
@@ -54,6 +55,20 @@ def test_encode_equals_encode_patches_on_hf_pixels(enc):
         assert deep.shape == (2, ref.shape[0], width)
         for k in range(2):
             np.testing.assert_allclose(deep[k], ref[:, width * (k + 1) : width * (k + 2)], rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_encode_equals_encode_patches_on_hf_pixels(checkpoint):
+    """A bf16 tower gets bf16 pixel rows from `encode` (half the bytes): HF's fp32 rows rounded once, as a
+    bf16 tower rounds them anyway, and close to what the fp32 rows give (another executable, other fusions)."""
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="bfloat16")
+    (res,) = enc.encode([str(PHOTOS[1])], max_pixels=MAX_PIXELS)
+    pixels, grid = hf_pixels(PHOTOS[1])
+    got = np.asarray(res.features)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got, np.asarray(enc.encode_patches(pixels.astype(ml_dtypes.bfloat16), grid)[0]))
+    ref = np.asarray(enc.encode_patches(pixels, grid)[0], np.float32)
+    cos = (got.astype(np.float32) * ref).sum() / np.linalg.norm(got.astype(np.float32)) / np.linalg.norm(ref)
+    assert cos > 0.999, cos
 
 
 def test_duplicates_are_encoded_once_and_hits_are_identical(enc):

@@ -7,6 +7,7 @@ import io
 import random
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from conftest import make_hf
@@ -360,5 +361,8 @@ def test_out_buffer_receives_the_same_rows():
     np.testing.assert_array_equal(batch[4 : 4 + len(ref)], ref)
     assert np.isnan(batch[:4]).all() and np.isnan(batch[4 + len(ref) :]).all()
     np.testing.assert_array_equal(got_grid, grid)
-    with pytest.raises(ValueError, match="out must be a C-contiguous float32 array"):
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32 or bfloat16 array"):
         preprocess_image(image, out=np.empty((len(ref), 10), np.float32))
+    half = np.empty(ref.shape, ml_dtypes.bfloat16)
+    preprocess_image(image, out=half)
+    np.testing.assert_array_equal(half, ref.astype(ml_dtypes.bfloat16))

@@ -224,7 +224,9 @@ class Encoder:
         p = self.cfg
         sizes = [layout.grid_tokens(grid) for *_, grid in chunk]
         starts = np.cumsum([0, *sizes])
-        pixels = np.empty((starts[-1], p.patch_dim), np.float32)
+        # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
+        pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
+        pixels = np.empty((starts[-1], p.patch_dim), pixel_dtype)
 
         def fill(j: int):
             _, name, image, _ = chunk[j]

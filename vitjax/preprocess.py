@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 from PIL import Image
 
@@ -58,6 +59,8 @@ def _normalized_table() -> np.ndarray:
 
 
 _TABLE = _normalized_table()
+# bfloat16 rows are HF's float32 values rounded once, as HF's model does to pixel_values before its conv.
+_TABLES = {np.dtype(np.float32): _TABLE, np.dtype(ml_dtypes.bfloat16): _TABLE.astype(ml_dtypes.bfloat16)}
 
 
 def preprocess_image(
@@ -76,7 +79,8 @@ def preprocess_image(
     Rows are patches in merge-window order; columns are (channel, temporal, row, col) of the patch, the
     image repeated over the temporal axis. Errors (undecodable input, aspect ratio over 200) are
     `ImageInputError`s naming the input (`name`, else as `load_image` names it). With `out` (a C-contiguous
-    float32 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there.
+    float32 or bfloat16 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there;
+    bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway.
     """
     name = name if name is not None else input_name(image)
     rgb = load_image(image, name)
@@ -87,14 +91,15 @@ def preprocess_image(
     # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): merge-window order, channels first
     windows = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
     levels = np.ascontiguousarray(windows).reshape(grid_h * grid_w, 3, 1, p * p)
-    frame = np.take(_TABLE, levels, mode="clip")  # uint8 indices are always in range; clip skips checks
     shape = (grid_h * grid_w, 3 * temporal_patch_size * p * p)
     if out is None:
         out = np.empty(shape, np.float32)
-    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+    elif out.shape != shape or out.dtype not in _TABLES or not out.flags.c_contiguous:
         raise ValueError(
-            f"out must be a C-contiguous float32 array of shape {list(shape)}, got {out.dtype} {list(out.shape)}"
+            f"out must be a C-contiguous float32 or bfloat16 array of shape {list(shape)}, "
+            f"got {out.dtype} {list(out.shape)}"
         )
+    frame = np.take(_TABLES[out.dtype], levels, mode="clip")  # uint8 indices are always in range
     out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = frame
     return out, np.array([[1, grid_h, grid_w]], dtype=np.int64)
 
