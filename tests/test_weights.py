@@ -63,6 +63,7 @@ def test_full_sharded_checkpoint_skips_language_model(full_model, monkeypatch):
     enc = vitjax.Encoder.from_pretrained(path, dtype="float32")
     assert read and all(k.startswith("model.visual.") for k in read)
     assert len(read) == len(weights.weight_map(cfg))
+    assert enc.num_params == sum(p.numel() for p in model.model.visual.parameters())
     x, got = _encode(enc, cfg)
     assert_close_to_scale(got, hf_outputs(model.model.visual, x, GRIDS))
 
