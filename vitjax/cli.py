@@ -21,7 +21,7 @@ def _encode(args: argparse.Namespace) -> int:
     from safetensors.numpy import save_file
 
     import vitjax
-    from vitjax.images import ImageInputError, expand_inputs
+    from vitjax.images import ImageInputError
 
     if args.model:
         enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True)
@@ -33,18 +33,18 @@ def _encode(args: argparse.Namespace) -> int:
             f"vitjax: using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless",
             file=sys.stderr,
         )
-    items = expand_inputs(args.inputs)
     results = enc.encode(
-        [source for _, source in items],
+        args.inputs,
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
         batch_tokens=args.batch_tokens,
         errors="return",
-        progress=len(items) > 1,
+        progress=True,
     )
     tensors, images, failed = {}, [], 0
     width = enc.cfg.out_hidden_size
-    for i, ((name, _), res) in enumerate(zip(items, results, strict=True)):
+    for i, res in enumerate(results):
+        name = res.name
         if isinstance(res, ImageInputError):
             failed += 1
             print(f"vitjax: error: {res}", file=sys.stderr)
@@ -73,10 +73,10 @@ def _encode(args: argparse.Namespace) -> int:
         "max_pixels": args.max_pixels,
     }
     save_file(tensors, args.output, metadata={"vitjax": json.dumps(meta)})
-    done = len(items) - failed
+    done = len(results) - failed
     tokens = sum(int(np.prod(t.shape[:-1])) for k, t in tensors.items() if k.endswith(".embeds"))
-    print(f"vitjax: wrote {done} of {len(items)} images ({tokens} tokens) to {args.output}", file=sys.stderr)
-    return 1 if failed or not items else 0
+    print(f"vitjax: wrote {done} of {len(results)} images ({tokens} tokens) to {args.output}", file=sys.stderr)
+    return 1 if failed or not results else 0
 
 
 def _convert(args: argparse.Namespace) -> int:
