@@ -1,10 +1,11 @@
 """Where one transformer block's time goes, and what the candidate changes to the tower buy (one GPU).
 
-Part times of one 8B block at the 20x960x1280 shape (each part separately jitted, inputs resident),
-beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at the measured copy rate);
-then the whole 27-block scan under variants: as shipped; without deepstack taps (the cost of writing
-the tap carry); XLA's Triton GEMMs off (what the bucket executables use); cuBLASLt on, with the GELU in
-bf16 so it can become the fc1 GEMM's epilogue. Prints one JSON object per measurement.
+Part times of one 8B block at the 20x960x1280 shape (each part compiled alone with the bucket executables'
+XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
+the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
+without deepstack taps (the cost of writing the tap carry); the MLP width padded to 4352; q|k and v from
+two GEMMs; Linear kernels stored [out, in]. With $HLO_DIR set, the shipped scan's optimized HLO is written
+there. One JSON object per line.
 
     PYTHONPATH=. python bench/bench_block.py
 """
@@ -13,18 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_attention import timed  # bench/ is on sys.path when run as a script
+from bench_attention import pipelined_ms, timed  # bench/ is on sys.path when run as a script
+from bench_vit import versions
 from flax import nnx
 
 import vitjax
 from vitjax import attention, layout, model
+from vitjax.buckets import COMPILER_OPTIONS
 from vitjax.model import TowerInputs, apply_rotary, rotary_tables
 
 
@@ -35,9 +40,9 @@ def emit(**row) -> None:
 def ceilings() -> tuple[float, float]:
     """Measured bf16 matmul FLOP/s and device copy bytes/s."""
     a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
-    t = timed(jax.jit(lambda a: a @ a), a)
+    t = pipelined_ms(jax.jit(lambda a: a @ a), a) / 1e3
     x = jax.random.normal(jax.random.key(1), (1 << 30,), jnp.bfloat16)
-    c = timed(jax.jit(lambda x: x * 2), x)
+    c = pipelined_ms(jax.jit(lambda x: x * 2), x) / 1e3
     flops, bw = 2 * 8192**3 / t, 2 * x.nbytes / c
     emit(bench="ceiling", matmul_tflops=flops / 1e12, copy_tbs=bw / 1e12)
     return flops, bw
@@ -75,8 +80,7 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
 
     def mlp_up(s, x):
         b = nnx.merge(bgraph, s)
-        h = b.mlp.linear_fc1(b.norm2(x))
-        return jax.nn.gelu(h.astype(jnp.float32), approximate=True).astype(h.dtype)
+        return jax.nn.gelu(b.mlp.linear_fc1(b.norm2(x)), approximate=True)
 
     def mlp_down(s, h, x):
         return x + nnx.merge(bgraph, s).mlp.linear_fc2(h)
@@ -100,36 +104,54 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
         "whole_block": (jax.jit(whole), (bstate, x), 0, 0),
     }
     for name, (fn, args, fl, by) in parts.items():
-        t = timed(fn, *args)
+        t = pipelined_ms(fn.lower(*args).compile(compiler_options=COMPILER_OPTIONS), *args) / 1e3
         floor = max(fl / flops_rate, by / bw)
         emit(bench="block_part", part=name, tokens=tokens, ms=t * 1e3, floor_ms=floor * 1e3, tflops=fl / t / 1e12)
 
 
-def scan_variants(cfg, grids, tokens, slots, impl, shape_name) -> None:
+def split_qkv_call(self, x, cos, sin, segments, impl):
+    """Candidate: q|k and v from two GEMMs, so v lands in its own buffer (no copy out of the fused qkv)."""
+    d = x.shape[-1]
+    w, b = self.qkv.kernel[...], self.qkv.bias[...]
+    qk = (x @ w[:, : 2 * d] + b[: 2 * d]).reshape(x.shape[0], 2, self.num_heads, self.head_dim)
+    v = (x @ w[:, 2 * d :] + b[2 * d :]).reshape(x.shape[0], self.num_heads, self.head_dim)
+    q, k = model.apply_rotary(qk[:, 0], cos, sin), model.apply_rotary(qk[:, 1], cos, sin)
+    return self.proj(attention.attention(q, k, v, segments, impl).reshape(x.shape))
+
+
+def linear_nk_call(self, x):
+    """Candidate: the kernel stored [out, in] (HF's layout), contracted on its second axis."""
+    y = jax.lax.dot_general(x, self.kernel[...], (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
+    return y + self.bias[...]
+
+
+def kernels_nk(state):
+    """Swap the last two axes of every Linear kernel (stacked or not) to match `linear_nk_call`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, a: jnp.swapaxes(a, -1, -2) if "kernel" in jax.tree_util.keystr(p) and a.ndim >= 2 else a, state
+    )
+
+
+def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir) -> None:
+    """The 27-block scan as the bucket executables compile it, and candidate changes to it."""
     inputs = inputs_for(cfg, grids, tokens, slots)
-    no_triton = {"xla_gpu_enable_triton_gemm": False}
-    lt_no_triton = {**no_triton, "xla_gpu_enable_cublaslt": True}
-    variants = {"xla_defaults": (cfg, None, {})}
+    variants = {"shipped": (cfg, None, COMPILER_OPTIONS)}
     if shape_name == "20x960x1280":
-        variants["no_taps"] = (dataclasses.replace(cfg, deepstack_visual_indexes=()), None, no_triton)
-        variants["no_triton_gemm"] = (cfg, None, no_triton)
-        variants["cublaslt_no_triton"] = (cfg, None, lt_no_triton)
-        variants["gelu_bf16_cublaslt_no_triton"] = (cfg, "gelu_bf16", lt_no_triton)
-        variants["gelu_bf16_cublaslt"] = (cfg, "gelu_bf16", {"xla_gpu_enable_cublaslt": True})
-        variants["no_triton_gemm_again"] = (cfg, None, no_triton)
-    else:
-        variants["no_triton_gemm"] = (cfg, None, no_triton)
-    original = model.MLP.__call__
-
-    def gelu_bf16(self, x):
-        return self.linear_fc2(jax.nn.gelu(self.linear_fc1(x), approximate=True))
-
+        variants["xla_defaults"] = (cfg, None, {})
+        variants["no_taps"] = (dataclasses.replace(cfg, deepstack_visual_indexes=()), None, COMPILER_OPTIONS)
+    variants["mlp_4352"] = (dataclasses.replace(cfg, intermediate_size=4352), None, COMPILER_OPTIONS)
+    variants["split_qkv"] = (cfg, split_qkv_call, COMPILER_OPTIONS)
+    variants["weights_nk"] = (cfg, "nk", COMPILER_OPTIONS)
+    variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
+    original, original_linear = model.Attention.__call__, nnx.Linear.__call__
     for name, (c, patch, options) in variants.items():
-        model.MLP.__call__ = gelu_bf16 if patch == "gelu_bf16" else original
+        model.Attention.__call__ = patch if callable(patch) else original
+        nnx.Linear.__call__ = linear_nk_call if patch == "nk" else original_linear
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
             state = random_state(abstract)
+            state = kernels_nk(state) if patch == "nk" else state
             x = jax.random.normal(jax.random.key(3), (tokens, cfg.hidden_size), jnp.bfloat16)
             fn = jax.jit(lambda s, x, inp, graph=graph: nnx.merge(graph, s).run_blocks(x, inp, impl))
             start = time.perf_counter()
@@ -137,6 +159,8 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name) -> None:
             compile_s = time.perf_counter() - start
             t = timed(exe, state, x, inputs)
             hlo = exe.as_text()
+            if hlo_dir and name == "shipped":
+                (hlo_dir / f"scan_{shape_name}.hlo.txt").write_text(hlo)
             epilogues = sorted(set(re.findall(r'"epilogue":"(\w+)"', hlo)))
             gemms = {k: hlo.count(k) for k in ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")}
             emit(
@@ -151,7 +175,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name) -> None:
         except Exception as e:  # a variant the installed XLA rejects is reported, not fatal
             emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
         finally:
-            model.MLP.__call__ = original
+            model.Attention.__call__, nnx.Linear.__call__ = original, original_linear
 
 
 def random_state(abstract):
@@ -165,7 +189,7 @@ def random_state(abstract):
 
 def main(smoke: bool = False) -> None:
     """`smoke`: a tiny config and shapes, to check the script on a CPU."""
-    emit(device=jax.devices()[0].device_kind, jax=jax.__version__)
+    emit(**versions())
     cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
     big, small, tokens, small_tokens = [(1, 80, 60)] * 20, [(1, 44, 80)], 98304, 4096
     if smoke:
@@ -177,8 +201,9 @@ def main(smoke: bool = False) -> None:
     graph, abstract = nnx.split(tower)
     tower = nnx.merge(graph, random_state(abstract))
     block_parts(cfg, tower, inputs_for(cfg, big, tokens, 64), impl, flops_rate, bw)
-    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280")
-    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p")
+    hlo_dir = Path(os.environ["HLO_DIR"]) if "HLO_DIR" in os.environ else None
+    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir)
+    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir)
 
 
 if __name__ == "__main__":
