@@ -161,7 +161,8 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
     dev = jax.device_put((pixels, *packed))
     from vitjax.attention import Segments
 
-    max_length = enc.engine._max_length(bucket, max(h * w for _, h, w in grids))
+    engine = enc.parallel.engines[0]
+    max_length = engine._max_length(bucket, max(h * w for _, h, w in grids))
     inputs = TowerInputs(dev[1], dev[2], dev[3], Segments(dev[4], dev[5], dev[6], max_length))
 
     def compiled(fn, *args):  # with the bucket executables' XLA options
@@ -186,9 +187,9 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
         median_time(lambda: layout._pack.__wrapped__(tuple(grids), *bucket, cfg.grid_side, 2), 5)[0] * 1e3
     )
     out["host_layout_cached"] = median_time(lambda: layout.pack(grids, *bucket, side=cfg.grid_side), 20)[0] * 1e3
-    chunks = enc.engine._chunks(pool[:tokens], 0, tokens, bucket.tokens)
+    chunks = engine._chunks(pool[:tokens], 0, tokens, bucket.tokens)
     out["host_to_device"] = median_time(lambda: jax.block_until_ready(jax.device_put((chunks, *packed))), 5)[0] * 1e3
-    exe = enc.engine.executable(bucket, np.float32, max_length)
+    exe = engine.executable(bucket, np.float32, max_length)
     args = jax.device_put((chunks, *packed))
     out["executable"] = median_time(lambda: jax.block_until_ready(exe(state, *args)), 5)[0] * 1e3
     packed_out = jax.block_until_ready(exe(state, *args))
@@ -198,20 +199,30 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
 
 
 def run_vitjax(
-    cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit, parts: bool, policy=None
+    cfg: vitjax.VisionConfig,
+    weights_dir: Path,
+    items,
+    pool: np.ndarray,
+    emit,
+    parts: bool,
+    policy=None,
+    devices: int = 1,
 ) -> dict:
+    """vitjax on the workloads; with several devices, data-parallel (`encode_patches` only: the first call
+    compiles, per-device times and parts are single-device measurements)."""
     start = time.perf_counter()
-    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy)
-    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention})
+    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy, devices=devices)
+    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention, "devices": devices})
+    engine = enc.parallel.engines[0]
     compiled: dict = {}
     for name, grids in items:
         tokens = sum(t * h * w for t, h, w in grids)
-        plan = enc.engine.policy.plan(grids)
-        for bucket, images in plan:
+        plan = engine.policy.plan(grids)
+        for bucket, images in plan if devices == 1 else ():
             if bucket not in compiled:
                 longest = max(grids[i][1] * grids[i][2] for i in images)
                 start = time.perf_counter()
-                exe = enc.engine.executable(bucket, np.float32, enc.engine._max_length(bucket, longest))
+                exe = engine.executable(bucket, np.float32, engine._max_length(bucket, longest))
                 compiled[bucket] = time.perf_counter() - start
                 mem = exe.memory_analysis()
                 emit(
@@ -227,32 +238,36 @@ def run_vitjax(
         t, times = median_time(
             lambda pixels=pixels, grid=grid: jax.block_until_ready(enc.encode_patches(pixels, grid)), reps_for(tokens)
         )
-        on_device = jax.device_put(pixels)  # float32 like the host path: the same executable
-
-        def device_only(on_device=on_device, grids=grids):
-            jax.block_until_ready([c.output for c in enc.engine.run(on_device, grids)])
-
-        t_dev, _ = median_time(device_only, reps_for(tokens))
-        del on_device
         gemm, attn = flops(cfg, grids)
         stats = jax.devices()[0].memory_stats() or {}
         row = {
             "impl": "vitjax",
+            "devices": devices,
             "workload": name,
             "images": len(grids),
             "patches": tokens,
-            "buckets": [list(b) for b, _ in plan],
             "ms": t * 1e3,
             "ms_all": [round(v * 1e3, 3) for v in times],
             "tflops": (gemm + attn) / t / 1e12,
-            "ms_device_only": t_dev * 1e3,
-            "tflops_device_only": (gemm + attn) / t_dev / 1e12,
             "gemm_tflop": gemm / 1e12,
             "attention_tflop": attn / 1e12,
             "peak_gpu_gib_process": stats.get("peak_bytes_in_use", 0) / 2**30,
         }
-        if parts and len(plan) == 1 and name in {m[0] for m in MAIN}:
-            row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
+        if devices == 1:
+            on_device = jax.device_put(pixels)  # float32 like the host path: the same executable
+
+            def device_only(on_device=on_device, grids=grids):
+                jax.block_until_ready([c.output for c in engine.run(on_device, grids)])
+
+            t_dev, _ = median_time(device_only, reps_for(tokens))
+            del on_device
+            row.update(
+                buckets=[list(b) for b, _ in plan],
+                ms_device_only=t_dev * 1e3,
+                tflops_device_only=(gemm + attn) / t_dev / 1e12,
+            )
+            if parts and len(plan) == 1 and name in {m[0] for m in MAIN}:
+                row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
         emit(row)
     return {"buckets": [list(b) for b in compiled], "attention": enc.attention}
 
@@ -287,15 +302,16 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, workload): a later run of the same day supersedes an earlier one."""
-    return list({(r.get("impl"), r.get("workload")): r for r in rows if r.get("impl")}.values())
+    """The last row of each (impl, devices, workload): a later run of the same day supersedes an earlier one."""
+    return list({(r.get("impl"), r.get("devices", 1), r.get("workload")): r for r in rows if r.get("impl")}.values())
 
 
 def table(rows: list[dict]) -> str:
     rows = latest(rows)
     hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
     lines = [
-        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'vitjax ms':>11}{'TF/s':>7}{'dev ms':>9}{'x HF':>7}"
+        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>5}{'vitjax ms':>11}{'TF/s':>7}{'dev ms':>9}"
+        f"{'x HF':>7}"
     ]
     for r in rows:
         if r.get("impl") != "vitjax":
@@ -304,8 +320,8 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         lines.append(
-            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}"
-            f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r['ms_device_only']:>9.1f}{ratio:>7}"
+            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{r.get('devices', 1):>5}"
+            f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
         )
     return "\n".join(lines)
 
@@ -321,7 +337,9 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, res in zip(axes, SWEEP_RES, strict=True):
         for impl, style in (("hf", "o-"), ("vitjax", "s-")):
             pts = sorted(
-                (r["images"], r["ms"]) for r in rows if r.get("impl") == impl and r["workload"].endswith(f"x{res}")
+                (r["images"], r["ms"])
+                for r in rows
+                if r.get("impl") == impl and r.get("devices", 1) == 1 and r["workload"].endswith(f"x{res}")
             )
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, label="HF transformers (sdpa)" if impl == "hf" else "vitjax")
@@ -346,6 +364,7 @@ def main() -> None:
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny config and images: check the script on a CPU")
+    ap.add_argument("--devices", default="1", help="comma-separated device counts for vitjax, e.g. 1,2")
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:
@@ -378,9 +397,12 @@ def main() -> None:
     os.environ["VITJAX_CACHE_DIR"] = str(work / "xla-cache")
     weights = work / "weights"
     run_hf(cfg, weights, [] if args.no_hf else items, pool, emit)  # the weights come from the HF model
-    info = run_vitjax(cfg, weights, items, pool, emit, parts=not args.no_parts, policy=policy)
-    if not (args.no_warm_start or args.smoke):
-        warm_start(weights, info["buckets"], emit)
+    infos = {
+        n: run_vitjax(cfg, weights, items, pool, emit, parts=not args.no_parts, policy=policy, devices=n)
+        for n in (int(n) for n in args.devices.split(","))
+    }
+    if 1 in infos and not (args.no_warm_start or args.smoke):
+        warm_start(weights, infos[1]["buckets"], emit)
     print(table(rows), flush=True)
     if args.sweep:
         try:

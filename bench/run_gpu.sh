@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one command (device time is scarce: one machine start, one call).
-#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit sweep encode
+#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep encode
 # Each step has its own time limit so one slow step cannot starve the rest; logs go to $OUT/<step>.log,
 # the benchmark's JSON lines and plot to $OUT/results/.
 set -u -o pipefail
@@ -30,6 +30,7 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     gemm) run gemm 150 python3 bench/bench_gemm.py ;;
     block) run block 200 python3 bench/bench_block.py ;;
     vit) run vit 250 python3 bench/bench_vit.py --out "$OUT/results" ;;
+    vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2 --no-parts --no-warm-start ;;
     sweep) run sweep 420 python3 bench/bench_vit.py --out "$OUT/results" --sweep ;;
     encode) run encode 240 python3 bench/bench_encode.py --out "$OUT/results" ;;
     *) echo "unknown step $step" ;;

@@ -7,6 +7,9 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("VITJAX_CACHE_DIR", "off")  # tests leave no compilation cache in the user's home
+# Four CPU devices, so data parallelism runs on a real multi-device client (the default device is still one).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
 import numpy as np
 import pytest

@@ -95,7 +95,7 @@ def test_image_alone_and_in_a_full_bucket(enc):
 def test_no_compilation_in_steady_state(enc):
     """After warm-up, many varied requests inside the bucket set compile nothing at all (counted by JAX)."""
     enc.warmup([Bucket(t, s) for t in POLICY.tokens for s in POLICY.segments])
-    built = enc.engine.compiles
+    built = enc.parallel.compiles
     compiled: list[str] = []
 
     def listener(event: str, duration: float, **kwargs) -> None:
@@ -113,7 +113,7 @@ def test_no_compilation_in_steady_state(enc):
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiled == []
-    assert enc.engine.compiles == built
+    assert enc.parallel.compiles == built
 
 
 def test_request_over_largest_bucket_is_split(enc):

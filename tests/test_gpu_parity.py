@@ -6,7 +6,8 @@ Skipped without an NVIDIA GPU. The shared conftest pins JAX to the CPU unless to
 
 Per image: cosine similarity and mean abs error of vitjax bf16 against HF fp32, beside HF's own bf16
 against its fp32 (the gap bf16 itself costs); and the three attention paths against each other, both
-on raw attention (head_dim 72 and 64) and through the whole tower.
+on raw attention (head_dim 72 and 64) and through the whole tower; with two GPUs, the data-parallel
+encoder too, its images split over both.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def towers(tmp_path_factory):
         for impl in attention.IMPLEMENTATIONS
         if impl != "cudnn_packed" or attention.cudnn_packed_available()
     }
+    if len(jax.devices()) >= 2:  # data parallel: the 720p frame on one GPU, the three others on the second
+        encoders["2 GPUs"] = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", devices=2)
     return cfg, hf, hf32, encoders
 
 
@@ -95,6 +98,19 @@ def test_tower_matches_hf(towers):
         for a, b in zip(outs[names[0]], outs[impl], strict=True):
             cos, _ = _cos_mae(np.asarray(a, np.float32), np.asarray(b, np.float32))
             assert cos > 0.999, (names[0], impl, cos)
+
+
+def test_two_gpus_hold_their_images(towers):
+    encoders = towers[3]
+    if "2 GPUs" not in encoders:
+        pytest.skip("needs two GPUs")
+    tokens = sum(layout.grid_tokens(g) for g in GRIDS)
+    pixels = np.random.default_rng(1).standard_normal((tokens, towers[0].patch_dim), dtype=np.float32)
+    outs = encoders["2 GPUs"].encode_patches(pixels, np.array(GRIDS))
+    assert [o.devices() for o in outs] == [{jax.devices()[0]}] + [{jax.devices()[1]}] * 3
+    one = encoders[attention.default_implementation()].encode_patches(pixels, np.array(GRIDS))
+    for a, b in zip(outs, one, strict=True):
+        assert _cos_mae(np.asarray(a, np.float32), np.asarray(b, np.float32))[0] > 0.9999
 
 
 @pytest.mark.parametrize("head_dim", [72, 64])

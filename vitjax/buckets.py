@@ -158,11 +158,19 @@ class Engine:
     """Runs the tower on bucketed calls through a table of ahead-of-time compiled executables."""
 
     def __init__(
-        self, cfg: VisionConfig, graph: nnx.GraphDef, state: nnx.State, impl: str, policy: BucketPolicy | None = None
+        self,
+        cfg: VisionConfig,
+        graph: nnx.GraphDef,
+        state: nnx.State,
+        impl: str,
+        policy: BucketPolicy | None = None,
+        device: jax.Device | None = None,
     ):
         self.cfg, self.impl = cfg, impl
         self.policy = policy or BucketPolicy()
-        self._graph, self._state = graph, state
+        self.device = device or jax.local_devices()[0]
+        self._sharding = jax.sharding.SingleDeviceSharding(self.device)
+        self._graph, self._state = graph, jax.device_put(state, self.device)  # no copy when already there
         self._executables: dict[tuple, jax.stages.Compiled] = {}
         self._zero_chunks: dict[tuple[int, np.dtype], jax.Array] = {}
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
@@ -185,15 +193,19 @@ class Engine:
         if compiled is None:
             chunk = math.gcd(bucket.tokens, MAX_CHUNK_ROWS)
             t, m = bucket.tokens, bucket.segments
+
+            def spec(shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
+                return jax.ShapeDtypeStruct(shape, dtype, sharding=self._sharding)
+
             args = (
                 self._state,
-                (jax.ShapeDtypeStruct((chunk, self.cfg.patch_dim), pixel_dtype),) * (t // chunk),
-                jax.ShapeDtypeStruct((t, 4), np.int32),
-                jax.ShapeDtypeStruct((t, 4), np.float32),
-                jax.ShapeDtypeStruct((t, 2), np.int32),
-                jax.ShapeDtypeStruct((t,), np.int32),
-                jax.ShapeDtypeStruct((m,), np.int32),
-                jax.ShapeDtypeStruct((m,), np.int32),
+                (spec((chunk, self.cfg.patch_dim), pixel_dtype),) * (t // chunk),
+                spec((t, 4), np.int32),
+                spec((t, 4), np.float32),
+                spec((t, 2), np.int32),
+                spec((t,), np.int32),
+                spec((m,), np.int32),
+                spec((m,), np.int32),
             )
             fn = jax.jit(functools.partial(_program, self._graph, self.impl, max_length))
             options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
@@ -216,16 +228,19 @@ class Engine:
                 packed = layout.pack(grids, *b, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
                 rows = layout.grid_tokens(grids[0])
                 chunks = self._chunks(np.zeros((rows, self.cfg.patch_dim), pixel_dtype), 0, rows, b.tokens)
-                jax.block_until_ready(exe(self._state, *jax.device_put((chunks, *packed))))
+                jax.block_until_ready(exe(self._state, *jax.device_put((chunks, *packed), self.device)))
             times[b] = time.perf_counter() - start
         return times
 
-    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[Call]:
-        """Dispatch every call of a request (asynchronously); outputs stay on the device."""
+    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
+        """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
+        rows start at `first_row` of `pixel_values`."""
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
+        elif self.device not in pixel_values.devices():
+            pixel_values = jax.device_put(pixel_values, self.device)
         calls = []
-        row = 0
+        row = first_row
         for bucket, images in self.policy.plan(grids):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
@@ -233,15 +248,17 @@ class Engine:
             longest = max(g[1] * g[2] for g in call_grids)
             exe = self.executable(bucket, _pixel_dtype(pixel_values), self._max_length(bucket, longest))
             chunks = self._chunks(pixel_values, row, rows, bucket.tokens)
-            output = exe(self._state, *jax.device_put((chunks, *packed)))
+            output = exe(self._state, *jax.device_put((chunks, *packed), self.device))
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit)))
             row += rows
         return calls
 
-    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
+    def encode(
+        self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0
+    ) -> list[jax.Array]:
         """Per-image outputs in input order, on the device: zero-copy row views of each call's output."""
         outs: list[jax.Array] = [None] * len(grids)  # type: ignore[list-item]
-        for call in self.run(pixel_values, grids):
+        for call in self.run(pixel_values, grids, first_row):
             for i, (start, rows) in zip(call.images, call.spans, strict=True):
                 outs[i] = row_view(call.output, start, rows)
         return outs
@@ -254,7 +271,8 @@ class Engine:
         dtype = _pixel_dtype(pixels)
         zero = self._zero_chunks.get((chunk, dtype))
         if zero is None:
-            zero = self._zero_chunks[(chunk, dtype)] = jax.device_put(np.zeros((chunk, pixels.shape[1]), dtype))
+            zero = np.zeros((chunk, pixels.shape[1]), dtype)
+            zero = self._zero_chunks[(chunk, dtype)] = jax.device_put(zero, self.device)
         out = []
         for start in range(row, row + tokens, chunk):
             end = min(start + chunk, row + rows)
@@ -323,7 +341,9 @@ def row_view(array: jax.Array, start: int, rows: int) -> jax.Array:
         return array
     aligned = (start * math.prod(array.shape[1:]) * array.dtype.itemsize) % _VIEW_ALIGN == 0
     try:
-        return jax.dlpack.from_dlpack(_Rows(array, start, rows), copy=not aligned)
+        # DLPack names CPU memory as device 0 whichever CPU device holds it: say where the view belongs (a
+        # view of CPU device 1's array is then copied there; GPU views stay zero-copy).
+        return jax.dlpack.from_dlpack(_Rows(array, start, rows), device=array.sharding, copy=None if aligned else True)
     except Exception as e:  # any refusal: slice instead
         warnings.warn(f"zero-copy row views unavailable ({e}); slicing per image size instead", stacklevel=2)
     return _slice_rows(array, start, rows)

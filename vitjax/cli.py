@@ -24,10 +24,10 @@ def _encode(args: argparse.Namespace) -> int:
     from vitjax.images import ImageInputError
 
     if args.model:
-        enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True)
+        enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True, devices=args.devices)
         model = args.model
     else:
-        enc = vitjax.Encoder.random(args.random_init, seed=args.seed, dtype=args.dtype)
+        enc = vitjax.Encoder.random(args.random_init, seed=args.seed, dtype=args.dtype, devices=args.devices)
         model = f"random-init:{args.random_init}:seed={args.seed}"
         print(
             f"vitjax: using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless",
@@ -87,6 +87,14 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_count(text: str) -> int | str:
+    if text == "all":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a positive count or 'all', got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vitjax", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -104,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="(default: %(default)s)")
     enc.add_argument(
         "--batch-tokens", type=int, default=BATCH_TOKENS, help="patches per tower call (default: %(default)s)"
+    )
+    enc.add_argument(
+        "--devices",
+        type=_device_count,
+        default=1,
+        help="devices to spread the images over, a count or 'all' (default: %(default)s)",
     )
     enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
     enc.set_defaults(func=_encode)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from vitjax.cache import EmbeddingCache, pixel_digest
 from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, load_image
 from vitjax.model import TowerInputs, VisionTower
+from vitjax.parallel import DataParallel, pick_devices
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image, resized_size
 
 # Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
@@ -66,7 +67,8 @@ class Encoder:
     """Qwen3-VL vision tower: `encode(images)` or `encode_patches(pixel_values, grid_thw)`.
 
     `model_id` names the weights in the embedding cache's keys (a path, a seed); `cache_bytes` bounds
-    the per-image cache (0 disables it).
+    the per-image cache (0 disables it); `devices` (a count, "all" or a list; default the first local
+    device) are used data-parallel, each holding the weights.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class Encoder:
         model_id: str | None = None,
         cache_bytes: int = 1 << 30,
         buckets: BucketPolicy | None = None,
+        devices: int | str | Sequence[jax.Device] | None = None,
     ):
         self.cfg = cfg
         self.dtype = model.dtype
@@ -86,7 +89,8 @@ class Encoder:
         self.images_encoded = 0
         self._graph, self._state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
-        self.engine = Engine(cfg, self._graph, self._state, self.attention, buckets)
+        engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, d) for d in pick_devices(devices)]
+        self.parallel = DataParallel(engines)
 
     @classmethod
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
@@ -139,7 +143,7 @@ class Encoder:
     ) -> dict[Bucket, float]:
         """Compile the bucket executables now (default: every bucket of the policy) or load them from the
         persistent compilation cache, and run each once; returns seconds per bucket."""
-        return self.engine.warmup(buckets, np.dtype(pixel_dtype), run)
+        return self.parallel.warmup(buckets, np.dtype(pixel_dtype), run)
 
     def run_packed(self, pixel_values: jax.Array | np.ndarray, packed: layout.Packed) -> jax.Array:
         """One unbucketed tower call on an already packed sequence (compiled per shape): `[T/4, output_width]`."""
@@ -154,12 +158,13 @@ class Encoder:
     def encode_patches(self, pixel_values: np.ndarray | jax.Array, grid_thw: np.ndarray) -> list[jax.Array]:
         """Pixel rows (HF processor output, concatenated) -> per image/video `[t*h*w/4, output_width]`.
 
-        Runs in bucketed calls of whole images (see `vitjax.buckets`); results stay on the device, in input order.
+        Runs in bucketed calls of whole images (see `vitjax.buckets`), spread over the encoder's devices (see
+        `vitjax.parallel`); results stay on the device that computed them, in input order.
         """
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.asarray(pixel_values)
         grids = self.check_inputs(pixel_values, grid_thw)
-        return self.engine.encode(pixel_values, grids)
+        return self.parallel.encode(pixel_values, grids)
 
     def encode(
         self,
@@ -175,7 +180,7 @@ class Encoder:
 
         Decoding, hashing and preprocessing run in threads, the preprocessing straight into each tower
         call's pixel buffer, and the next call's preprocessing overlaps the device's work on the last.
-        Calls hold at most `batch_tokens` patches. An image seen before (same pixels, settings and
+        Calls hold at most `batch_tokens` patches per device. An image seen before (same pixels, settings and
         weights) comes from the cache; duplicates within a request are encoded once. With
         `errors="return"` a bad input yields its `ImageInputError` in its slot and the rest are still
         encoded; with "raise" it is raised.
@@ -204,7 +209,8 @@ class Encoder:
                 else:
                     todo[digest] = (name, image, (1, height // self.cfg.patch_size, width // self.cfg.patch_size))
             with tqdm(total=len(todo), desc="encoding", unit="image", disable=not progress) as bar:
-                for chunk in _chunks(list(todo), lambda d: layout.grid_tokens(todo[d][2]), batch_tokens):
+                budget = batch_tokens * len(self.parallel.engines)
+                for chunk in _chunks(list(todo), lambda d: layout.grid_tokens(todo[d][2]), budget):
                     found.update(self._encode_chunk(pool, [(d, *todo[d]) for d in chunk], settings))
                     bar.update(len(chunk))
         results: list[Encoded | ImageInputError] = []

@@ -1,0 +1,134 @@
+"""Data parallelism on four CPU devices: the images of a request spread over devices give the embeddings the
+unbucketed single-device tower gives, each on its own device, and a warm multi-device encoder never compiles."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY, pixels_for
+from flax import nnx
+from PIL import Image
+from safetensors.numpy import load_file
+
+import vitjax
+from vitjax import layout
+from vitjax.buckets import Bucket, BucketPolicy
+from vitjax.cli import main as cli_main
+from vitjax.encoder import abstract_tower
+from vitjax.parallel import pick_devices, split_balanced
+
+CFG = TINY["hd72"]
+POLICY = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64)
+GRIDS = [(1, 8, 8), (2, 4, 6), (1, 2, 2), (1, 10, 12), (1, 6, 6), (1, 4, 14), (1, 16, 18)]  # last: own bucket
+
+
+def test_four_cpu_devices_are_there():
+    assert len(jax.local_devices()) == 4  # conftest's XLA flag: the tests below really spread over devices
+
+
+def test_split_balanced():
+    assert split_balanced([10, 10, 10, 10], 2) == [range(0, 2), range(2, 4)]
+    assert split_balanced([100, 1, 1], 2) == [range(0, 1), range(1, 3)]
+    assert split_balanced([5], 3) == [range(0, 1), range(1, 1), range(1, 1)]  # a lone image goes to the first
+    assert split_balanced([], 2) == [range(0, 0), range(0, 0)]
+    sizes = [48, 96, 4, 120, 36, 56, 288, 64, 64, 200]
+    for parts in (1, 2, 3, 4):
+        groups = split_balanced(sizes, parts)
+        assert len(groups) == parts
+        assert [i for g in groups for i in g] == list(range(len(sizes)))  # whole items, in order, once
+        best = min(  # brute force over every way to cut the list into `parts` contiguous pieces
+            max(sum(sizes[a:b]) for a, b in itertools.pairwise((0, *cuts, len(sizes))))
+            for cuts in itertools.combinations_with_replacement(range(len(sizes) + 1), parts - 1)
+        )
+        assert max(sum(sizes[i] for i in g) for g in groups) == best, parts
+
+
+def test_pick_devices():
+    local = jax.local_devices()
+    assert pick_devices(None) == local[:1]
+    assert pick_devices(2) == local[:2]
+    assert pick_devices("all") == local
+    assert pick_devices([local[3], local[1]]) == [local[3], local[1]]
+    for bad, match in ((0, "asked for 0"), (5, "asked for 5"), ("some", "count, 'all'"), ([local[0]] * 2, "distinct")):
+        with pytest.raises(ValueError, match=match):
+            pick_devices(bad)
+
+
+@pytest.fixture(scope="module")
+def params():
+    rng = np.random.default_rng(0)
+    shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, s: rng.standard_normal(s.shape, np.float32) * 0.1 + (path[-1].key == "scale"), shapes
+    )
+
+
+def _reference(params, pixels, grids):
+    """Each image alone through the exact-size path on the default device."""
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY)
+    outs, row = [], 0
+    for g in grids:
+        n = layout.grid_tokens(g)
+        packed = layout.pack([g], side=CFG.grid_side, merge=CFG.spatial_merge_size)
+        outs.append(np.asarray(enc.run_packed(pixels[row : row + n], packed)))
+        row += n
+    return outs
+
+
+def _close(got, ref, rel=1e-5):
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert float(np.abs(got - ref).max()) <= rel * float(np.abs(ref).max())
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_data_parallel_equals_single_device(params, devices):
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=devices)
+    x = pixels_for(GRIDS, CFG, seed=5)
+    ref = _reference(params, x, GRIDS)
+    groups = split_balanced([layout.grid_tokens(g) for g in GRIDS], devices)
+    # 616 tokens, the largest image 288: two devices take 328 + 288, four need only three (<= 288 each)
+    assert [sum(layout.grid_tokens(GRIDS[i]) for i in g) for g in groups] == {2: [328, 288], 4: [272, 56, 288, 0]}[
+        devices
+    ]
+    for pixels in (x, jnp.asarray(x)):  # host pixels, and pixels already on (another) device
+        outs = enc.encode_patches(pixels, np.array(GRIDS))
+        for k, group in enumerate(groups):
+            for i in group:
+                assert outs[i].devices() == {jax.local_devices()[k]}, (i, k)
+                _close(np.asarray(outs[i]), ref[i])
+
+
+def test_warm_data_parallel_encoder_never_compiles(params):
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices="all")
+    buckets = [Bucket(t, s) for t in POLICY.tokens for s in POLICY.segments] + [Bucket(320, 1)]
+    enc.warmup(buckets)
+    built = enc.parallel.compiles
+    assert built == 4 * len(buckets)  # one executable per bucket and device
+    rng = np.random.default_rng(1)
+    for seed in range(6):
+        grids = [GRIDS[i] for i in rng.choice(len(GRIDS), size=rng.integers(1, 8))]
+        outs = enc.encode_patches(pixels_for(grids, CFG, seed=seed), np.array(grids))
+        assert [o.shape for o in outs] == [(layout.grid_tokens(g) // 4, CFG.output_width) for g in grids]
+    assert enc.parallel.compiles == built
+
+
+def test_cli_devices(tmp_path, capsys):
+    """`--devices all` spreads the three images of one call over three devices and writes the same file."""
+    for i, color in enumerate(("red", "green", "blue")):
+        Image.new("RGB", (64 + 32 * i, 64), color).save(tmp_path / f"{i}.png")
+    outs = {}
+    for devices in ("1", "all"):
+        out = tmp_path / f"{devices}.safetensors"
+        argv = ["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--dtype", "float32", "--devices", devices]
+        assert cli_main([*argv, "-o", str(out)]) == 0
+        outs[devices] = load_file(out)
+    assert sorted(outs["1"]) == sorted(outs["all"]) == [f"{i}.{k}" for i in range(3) for k in ("deepstack", "embeds")]
+    for key, value in outs["1"].items():
+        _close(outs["all"][key], value)
+    with pytest.raises(SystemExit):
+        cli_main(["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--devices", "0", "-o", "x.safetensors"])
+    assert "expected a positive count or 'all'" in capsys.readouterr().err

@@ -1,0 +1,96 @@
+"""Data parallelism: a request's whole images spread over several devices, one bucket engine per device.
+
+Every device holds the weights and its own bucket executables; a request is cut into contiguous groups
+of whole images with token counts as even as the image sizes allow, and each group runs on its device
+at the same time (one host thread per device, so the host-to-device copies overlap too). An image's
+output stays on the device that computed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import numpy as np
+
+from vitjax import layout
+from vitjax.buckets import Bucket, Engine
+
+
+def pick_devices(devices: int | str | Sequence[jax.Device] | None) -> list[jax.Device]:
+    """None: the first local device; an int n: the first n local devices; "all": every local device."""
+    local = jax.local_devices()
+    if devices is None:
+        return local[:1]
+    if isinstance(devices, str):
+        if devices != "all":
+            raise ValueError(f"devices must be a count, 'all' or a list of devices, not {devices!r}")
+        return local
+    if isinstance(devices, int):
+        if not 1 <= devices <= len(local):
+            raise ValueError(f"asked for {devices} devices, but this process has {len(local)}: {local}")
+        return local[:devices]
+    chosen = list(devices)
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise ValueError(f"devices must be distinct and at least one, got {chosen}")
+    return chosen
+
+
+def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
+    """`parts` contiguous index ranges over `sizes` (whole items, input order) whose largest total is as small as
+    possible, since the slowest device sets the request's time; unneeded groups come last, empty."""
+
+    def greedy(limit: int) -> list[int]:  # group ends when each group is filled up to `limit`
+        ends, total = [], 0
+        for i, n in enumerate(sizes):
+            if total + n > limit:
+                ends.append(i)
+                total = 0
+            total += n
+        return [*ends, len(sizes)]
+
+    lo, hi = max(sizes, default=0), sum(sizes)
+    while lo < hi:  # the smallest limit that needs at most `parts` groups
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(greedy(mid)) <= parts else (mid + 1, hi)
+    ends = greedy(lo)
+    ends += [len(sizes)] * (parts - len(ends))
+    return [range(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+class DataParallel:
+    """The engines of the chosen devices, used together; with one device it is that device's engine."""
+
+    def __init__(self, engines: Sequence[Engine]):
+        self.engines = list(engines)
+        self._pool = ThreadPoolExecutor(len(self.engines), "vitjax-device") if len(self.engines) > 1 else None
+
+    @property
+    def compiles(self) -> int:
+        """Executables built so far, all devices together."""
+        return sum(e.compiles for e in self.engines)
+
+    def _map(self, work, items: list) -> list:
+        """`work` on every item, in the device threads when there are several devices."""
+        return [work(items[0])] if self._pool is None else list(self._pool.map(work, items))
+
+    def warmup(self, buckets: Iterable[Bucket] | None, pixel_dtype: np.dtype, run: bool) -> dict[Bucket, float]:
+        """Every engine's warm-up, devices in parallel; seconds per bucket on the slowest device."""
+        buckets = None if buckets is None else list(buckets)
+        times = self._map(lambda e: e.warmup(buckets, pixel_dtype, run), self.engines)
+        return {b: max(t[b] for t in times) for b in times[0]}
+
+    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
+        """Per-image outputs in input order, each on the device whose group held the image."""
+        sizes = [layout.grid_tokens(g) for g in grids]
+        groups = split_balanced(sizes, len(self.engines))
+        first_rows = np.concatenate([[0], np.cumsum(sizes)])
+
+        def work(pair: tuple[Engine, range]) -> list[jax.Array]:
+            engine, group = pair
+            if not group:
+                return []
+            return engine.encode(pixel_values, [grids[i] for i in group], int(first_rows[group.start]))
+
+        return [out for outs in self._map(work, list(zip(self.engines, groups, strict=True))) for out in outs]
