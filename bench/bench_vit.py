@@ -187,10 +187,11 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
         median_time(lambda: layout._pack.__wrapped__(tuple(grids), *bucket, cfg.grid_side, 2), 5)[0] * 1e3
     )
     out["host_layout_cached"] = median_time(lambda: layout.pack(grids, *bucket, side=cfg.grid_side), 20)[0] * 1e3
-    chunks = engine._chunks(pool[:tokens], 0, tokens, bucket.tokens)
-    out["host_to_device"] = median_time(lambda: jax.block_until_ready(jax.device_put((chunks, *packed))), 5)[0] * 1e3
+    host = pool[:tokens]
+    transfer = median_time(lambda: jax.block_until_ready(engine._inputs(host, 0, tokens, packed)), 5)[0]
+    out["host_to_device"] = transfer * 1e3
     exe = engine.executable(bucket, np.float32, max_length)
-    args = jax.device_put((chunks, *packed))
+    args = engine._inputs(host, 0, tokens, packed)
     out["executable"] = median_time(lambda: jax.block_until_ready(exe(state, *args)), 5)[0] * 1e3
     packed_out = jax.block_until_ready(exe(state, *args))
     spans = layout.split_points(grids, cfg.merge_unit)
@@ -207,12 +208,14 @@ def run_vitjax(
     parts: bool,
     policy=None,
     devices: int = 1,
+    sequence_parallel: int = 1,
 ) -> dict:
-    """vitjax on the workloads; with several devices, data-parallel (`encode_patches` only: the first call
-    compiles, per-device times and parts are single-device measurements)."""
+    """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
+    `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements."""
     start = time.perf_counter()
-    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy, devices=devices)
-    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention, "devices": devices})
+    parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
+    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy, **parallel)
+    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention, **parallel})
     engine = enc.parallel.engines[0]
     compiled: dict = {}
     for name, grids in items:
@@ -242,7 +245,7 @@ def run_vitjax(
         stats = jax.devices()[0].memory_stats() or {}
         row = {
             "impl": "vitjax",
-            "devices": devices,
+            **parallel,
             "workload": name,
             "images": len(grids),
             "patches": tokens,
@@ -303,14 +306,20 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 def latest(rows: list[dict]) -> list[dict]:
     """The last row of each (impl, devices, workload): a later run of the same day supersedes an earlier one."""
-    return list({(r.get("impl"), r.get("devices", 1), r.get("workload")): r for r in rows if r.get("impl")}.values())
+    return list({(r.get("impl"), _gpus(r), r.get("workload")): r for r in rows if r.get("impl")}.values())
+
+
+def _gpus(row: dict) -> str:
+    """ "2" for two devices data-parallel, "2 sp2" for two devices in Ulysses pairs."""
+    sp = row.get("sequence_parallel", 1)
+    return f"{row.get('devices', 1)}" + (f" sp{sp}" if sp > 1 else "")
 
 
 def table(rows: list[dict]) -> str:
     rows = latest(rows)
     hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
     lines = [
-        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>5}{'vitjax ms':>11}{'TF/s':>7}{'dev ms':>9}"
+        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'vitjax ms':>11}{'TF/s':>7}{'dev ms':>9}"
         f"{'x HF':>7}"
     ]
     for r in rows:
@@ -320,7 +329,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         lines.append(
-            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{r.get('devices', 1):>5}"
+            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
         )
     return "\n".join(lines)
@@ -339,7 +348,7 @@ def plot(rows: list[dict], path: Path) -> None:
             pts = sorted(
                 (r["images"], r["ms"])
                 for r in rows
-                if r.get("impl") == impl and r.get("devices", 1) == 1 and r["workload"].endswith(f"x{res}")
+                if r.get("impl") == impl and _gpus(r) == "1" and r["workload"].endswith(f"x{res}")
             )
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, label="HF transformers (sdpa)" if impl == "hf" else "vitjax")
@@ -364,7 +373,9 @@ def main() -> None:
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny config and images: check the script on a CPU")
-    ap.add_argument("--devices", default="1", help="comma-separated device counts for vitjax, e.g. 1,2")
+    ap.add_argument(
+        "--devices", default="1", help="vitjax runs: device counts, 'spN' for N devices in one Ulysses group: 1,2,sp2"
+    )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:
@@ -397,12 +408,13 @@ def main() -> None:
     os.environ["VITJAX_CACHE_DIR"] = str(work / "xla-cache")
     weights = work / "weights"
     run_hf(cfg, weights, [] if args.no_hf else items, pool, emit)  # the weights come from the HF model
-    infos = {
-        n: run_vitjax(cfg, weights, items, pool, emit, parts=not args.no_parts, policy=policy, devices=n)
-        for n in (int(n) for n in args.devices.split(","))
-    }
-    if 1 in infos and not (args.no_warm_start or args.smoke):
-        warm_start(weights, infos[1]["buckets"], emit)
+    infos = {}
+    for spec in args.devices.split(","):
+        n = int(spec.removeprefix("sp"))
+        parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
+        infos[spec] = run_vitjax(cfg, weights, items, pool, emit, not args.no_parts, policy, **parallel)
+    if "1" in infos and not (args.no_warm_start or args.smoke):
+        warm_start(weights, infos["1"]["buckets"], emit)
     print(table(rows), flush=True)
     if args.sweep:
         try:

@@ -30,7 +30,7 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     gemm) run gemm 150 python3 bench/bench_gemm.py ;;
     block) run block 200 python3 bench/bench_block.py ;;
     vit) run vit 250 python3 bench/bench_vit.py --out "$OUT/results" ;;
-    vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2 --no-parts --no-warm-start ;;
+    vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2,sp2 --no-parts --no-warm-start ;;
     sweep) run sweep 420 python3 bench/bench_vit.py --out "$OUT/results" --sweep ;;
     encode) run encode 240 python3 bench/bench_encode.py --out "$OUT/results" ;;
     *) echo "unknown step $step" ;;

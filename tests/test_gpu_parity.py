@@ -7,7 +7,7 @@ Skipped without an NVIDIA GPU. The shared conftest pins JAX to the CPU unless to
 Per image: cosine similarity and mean abs error of vitjax bf16 against HF fp32, beside HF's own bf16
 against its fp32 (the gap bf16 itself costs); and the three attention paths against each other, both
 on raw attention (head_dim 72 and 64) and through the whole tower; with two GPUs, the data-parallel
-encoder too, its images split over both.
+encoder (its images split over both) and the Ulysses one (every call's tokens split over both) too.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def towers(tmp_path_factory):
     }
     if len(jax.devices()) >= 2:  # data parallel: the 720p frame on one GPU, the three others on the second
         encoders["2 GPUs"] = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", devices=2)
+        # Ulysses: every call's tokens split over both GPUs, 8 heads each in attention
+        ulysses = {"devices": 2, "sequence_parallel": 2}
+        encoders["Ulysses 2"] = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", **ulysses)
     return cfg, hf, hf32, encoders
 
 

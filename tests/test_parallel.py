@@ -58,22 +58,26 @@ def test_pick_devices():
             pick_devices(bad)
 
 
-@pytest.fixture(scope="module")
-def params():
+def _random_params(cfg):
     rng = np.random.default_rng(0)
-    shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
+    shapes = nnx.to_pure_dict(nnx.state(abstract_tower(cfg, jnp.float32)))
     return jax.tree_util.tree_map_with_path(
         lambda path, s: rng.standard_normal(s.shape, np.float32) * 0.1 + (path[-1].key == "scale"), shapes
     )
 
 
-def _reference(params, pixels, grids):
+@pytest.fixture(scope="module")
+def params():
+    return _random_params(CFG)
+
+
+def _reference(params, pixels, grids, cfg=CFG):
     """Each image alone through the exact-size path on the default device."""
-    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY)
+    enc = vitjax.Encoder.from_params(cfg, params, dtype="float32", buckets=POLICY)
     outs, row = [], 0
     for g in grids:
         n = layout.grid_tokens(g)
-        packed = layout.pack([g], side=CFG.grid_side, merge=CFG.spatial_merge_size)
+        packed = layout.pack([g], side=cfg.grid_side, merge=cfg.spatial_merge_size)
         outs.append(np.asarray(enc.run_packed(pixels[row : row + n], packed)))
         row += n
     return outs
@@ -116,19 +120,64 @@ def test_warm_data_parallel_encoder_never_compiles(params):
     assert enc.parallel.compiles == built
 
 
+# Four heads of 72, so the heads split over up to four devices.
+CFG4 = vitjax.VisionConfig(
+    depth=2, hidden_size=288, num_heads=4, intermediate_size=96, out_hidden_size=40, deepstack_visual_indexes=(0,)
+)
+
+
+@pytest.mark.parametrize("devices, seq", [(2, 2), (4, 4), (4, 2)])
+def test_sequence_parallel_equals_single_device(devices, seq):
+    """Ulysses: every call's tokens split over `seq` devices (heads for attention); with 4 devices in groups of
+    2, the groups also split the images between them."""
+    params = _random_params(CFG4)
+    enc = vitjax.Encoder.from_params(
+        CFG4, params, dtype="float32", buckets=POLICY, devices=devices, sequence_parallel=seq
+    )
+    assert [e.devices for e in enc.parallel.engines] == [
+        jax.local_devices()[i : i + seq] for i in range(0, devices, seq)
+    ]
+    x = pixels_for(GRIDS, CFG4, seed=6)
+    ref = _reference(params, x, GRIDS, CFG4)
+    groups = split_balanced([layout.grid_tokens(g) for g in GRIDS], devices // seq)
+    outs = enc.encode_patches(x, np.array(GRIDS))
+    for k, group in enumerate(groups):
+        for i in group:
+            assert outs[i].devices() == {jax.local_devices()[k * seq]}, (i, k)  # gathered on the group's first
+            _close(np.asarray(outs[i]), ref[i])
+    one = enc.encode_patches(jnp.asarray(x[:64]), np.array(GRIDS[:1]))[0]  # device-resident pixels too
+    _close(np.asarray(one), ref[0])
+
+
+def test_sequence_parallel_refuses_what_cannot_split(params):
+    with pytest.raises(ValueError, match="sequence_parallel=3 does not divide the 4 devices"):
+        vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=3)
+    with pytest.raises(ValueError, match="head count divisible by 4"):  # CFG has 2 heads
+        vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=4)
+    enc = vitjax.Encoder.from_params(
+        CFG, params, dtype="float32", devices=2, sequence_parallel=2, buckets=BucketPolicy(tokens=(68,))
+    )
+    with pytest.raises(ValueError, match="68 tokens cannot be split into 2 whole 2x2 merge groups"):
+        enc.encode_patches(pixels_for([(1, 4, 4)], CFG, seed=0), np.array([(1, 4, 4)]))
+
+
 def test_cli_devices(tmp_path, capsys):
-    """`--devices all` spreads the three images of one call over three devices and writes the same file."""
+    """`--devices all` spreads the three images of one call over three devices, `--sequence-parallel 2` over
+    two pairs of devices; both write what one device writes."""
     for i, color in enumerate(("red", "green", "blue")):
         Image.new("RGB", (64 + 32 * i, 64), color).save(tmp_path / f"{i}.png")
     outs = {}
-    for devices in ("1", "all"):
-        out = tmp_path / f"{devices}.safetensors"
-        argv = ["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--dtype", "float32", "--devices", devices]
+    for flags in (("--devices", "1"), ("--devices", "all"), ("--devices", "4", "--sequence-parallel", "2")):
+        out = tmp_path / f"{len(outs)}.safetensors"
+        argv = ["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--dtype", "float32", *flags]
         assert cli_main([*argv, "-o", str(out)]) == 0
-        outs[devices] = load_file(out)
-    assert sorted(outs["1"]) == sorted(outs["all"]) == [f"{i}.{k}" for i in range(3) for k in ("deepstack", "embeds")]
-    for key, value in outs["1"].items():
-        _close(outs["all"][key], value)
+        outs[flags] = load_file(out)
+    one, *others = outs.values()
+    assert sorted(one) == [f"{i}.{k}" for i in range(3) for k in ("deepstack", "embeds")]
+    for other in others:
+        assert sorted(other) == sorted(one)
+        for key, value in one.items():
+            _close(other[key], value)
     with pytest.raises(SystemExit):
         cli_main(["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--devices", "0", "-o", "x.safetensors"])
     assert "expected a positive count or 'all'" in capsys.readouterr().err

@@ -30,20 +30,23 @@ CUDNN_PACKED_VERIFIED = ("0.11.2",)
 
 
 @functools.partial(
-    jax.tree_util.register_dataclass, data_fields=["ids", "starts", "lengths"], meta_fields=["max_length"]
+    jax.tree_util.register_dataclass, data_fields=["ids", "starts", "lengths"], meta_fields=["max_length", "seq_axis"]
 )
 @dataclasses.dataclass(frozen=True)
 class Segments:
-    """Device copy of the packed layout's segment description (see `layout.Packed`).
+    """Device copy of the packed layout's segment description (see `layout.Packed`), always of the whole
+    sequence.
 
-    `max_length` is static (part of the compiled program): the longest segment the padded-batch path
-    must hold; 0 means the whole sequence.
+    Static (part of the compiled program): `max_length`, the longest segment the padded-batch path must
+    hold (0: the whole sequence); `seq_axis`, the mesh axis the tokens are split over inside `shard_map`
+    (Ulysses sequence parallelism), or None.
     """
 
     ids: jax.Array  # [T] int32, -1 for padding
     starts: jax.Array  # [M] int32, T for unused slots
     lengths: jax.Array  # [M] int32, 0 for unused slots
     max_length: int = 0
+    seq_axis: str | None = None
 
 
 def _packed_entry():
@@ -91,7 +94,17 @@ def check_implementation(impl: str) -> str:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl: str = "reference") -> jax.Array:
-    """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, head_dim]` in q's dtype."""
+    """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, head_dim]` in q's dtype.
+
+    With `segments.seq_axis`, q, k and v are this device's tokens of all heads: one all-to-all trades them for
+    all tokens of this device's heads, the kernel runs on those, and a second all-to-all trades back (Ulysses;
+    q, k and v travel together since a small exchange costs its latency more than its bytes).
+    """
+    if segments.seq_axis is not None:
+        axis = segments.seq_axis
+        qkv = jax.lax.all_to_all(jnp.stack([q, k, v]), axis, split_axis=2, concat_axis=1, tiled=True)
+        out = attention(*qkv, dataclasses.replace(segments, seq_axis=None), impl)
+        return jax.lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
     if impl == "cudnn_packed":
         return _cudnn_packed(q, k, v, segments)
     if impl == "cudnn_padded":

@@ -139,6 +139,7 @@ def _program(
     graph: nnx.GraphDef,
     impl: str,
     max_length: int,
+    seq_axis: str | None,
     state: nnx.State,
     chunks: tuple[jax.Array, ...],
     pos_index: jax.Array,
@@ -148,14 +149,23 @@ def _program(
     starts: jax.Array,
     lengths: jax.Array,
 ) -> jax.Array:
-    """The bucket executable: pixel chunks and packed layout in, merged tokens out."""
+    """The bucket executable: pixel chunks and packed layout in, merged tokens out. Under sequence parallelism
+    it runs per device on that device's tokens (the segment arrays stay whole) and ends with an all-gather, so
+    every device holds the whole output (an NCCL gather; copying a split array to one device is far slower)."""
     pixels = jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-    inputs = TowerInputs(pos_index, pos_weight, rope_pos, Segments(ids, starts, lengths, max_length))
-    return nnx.merge(graph, state)(pixels, inputs, impl)
+    inputs = TowerInputs(pos_index, pos_weight, rope_pos, Segments(ids, starts, lengths, max_length, seq_axis))
+    out = nnx.merge(graph, state)(pixels, inputs, impl)
+    return out if seq_axis is None else jax.lax.all_gather(out, seq_axis, tiled=True)
 
 
 class Engine:
-    """Runs the tower on bucketed calls through a table of ahead-of-time compiled executables."""
+    """Runs the tower on bucketed calls through a table of ahead-of-time compiled executables.
+
+    It runs on one device, or on a group of devices with Ulysses sequence parallelism: each device holds
+    the weights and a contiguous 1/n of every call's tokens (of the pixels, the layout and the activations),
+    and around attention an all-to-all gives each device all tokens of 1/n of the heads. Outputs are
+    gathered on the group's first device.
+    """
 
     def __init__(
         self,
@@ -164,15 +174,24 @@ class Engine:
         state: nnx.State,
         impl: str,
         policy: BucketPolicy | None = None,
-        device: jax.Device | None = None,
+        devices: Sequence[jax.Device] | None = None,
     ):
         self.cfg, self.impl = cfg, impl
         self.policy = policy or BucketPolicy()
-        self.device = device or jax.local_devices()[0]
-        self._sharding = jax.sharding.SingleDeviceSharding(self.device)
-        self._graph, self._state = graph, jax.device_put(state, self.device)  # no copy when already there
+        self.devices = list(devices or jax.local_devices()[:1])
+        n = len(self.devices)
+        if cfg.num_heads % n:
+            raise ValueError(f"sequence parallelism over {n} devices needs a head count divisible by {n}")
+        if n == 1:
+            self._mesh = None
+            self._split = self._whole = jax.sharding.SingleDeviceSharding(self.devices[0])
+        else:
+            self._mesh = jax.sharding.Mesh(np.array(self.devices), ("seq",))
+            self._split = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec("seq"))
+            self._whole = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
+        self._graph, self._state = graph, jax.device_put(state, self._whole)  # no copy when already there
         self._executables: dict[tuple, jax.stages.Compiled] = {}
-        self._zero_chunks: dict[tuple[int, np.dtype], jax.Array] = {}
+        self._zero_chunks: dict[tuple[jax.Device, int, np.dtype], jax.Array] = {}
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
@@ -185,31 +204,48 @@ class Engine:
             return 0
         return min(bucket.tokens, self.policy.fit(longest_frame, 1).tokens)
 
+    def _chunk_rows(self, tokens: int) -> int:
+        """Rows per pixel chunk: a divisor of each device's share of the bucket."""
+        n = len(self.devices)
+        if tokens % (4 * n):
+            raise ValueError(f"a bucket of {tokens} tokens cannot be split into {n} whole 2x2 merge groups per device")
+        return math.gcd(tokens // n, MAX_CHUNK_ROWS)
+
     def executable(self, bucket: Bucket, pixel_dtype: np.dtype = np.float32, max_length: int = 0):
         """The compiled program of a bucket, built on first use."""
         bucket, pixel_dtype = Bucket(*bucket), np.dtype(pixel_dtype)
         key = (bucket, pixel_dtype, max_length)
         compiled = self._executables.get(key)
         if compiled is None:
-            chunk = math.gcd(bucket.tokens, MAX_CHUNK_ROWS)
-            t, m = bucket.tokens, bucket.segments
+            t, m, n = bucket.tokens, bucket.segments, len(self.devices)
+            chunk = self._chunk_rows(t)
 
-            def spec(shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
-                return jax.ShapeDtypeStruct(shape, dtype, sharding=self._sharding)
+            def spec(shape: tuple[int, ...], dtype, split: bool = True) -> jax.ShapeDtypeStruct:
+                return jax.ShapeDtypeStruct(shape, dtype, sharding=self._split if split else self._whole)
 
             args = (
                 self._state,
-                (spec((chunk, self.cfg.patch_dim), pixel_dtype),) * (t // chunk),
+                (spec((n * chunk, self.cfg.patch_dim), pixel_dtype),) * (t // (n * chunk)),
                 spec((t, 4), np.int32),
                 spec((t, 4), np.float32),
                 spec((t, 2), np.int32),
-                spec((t,), np.int32),
-                spec((m,), np.int32),
-                spec((m,), np.int32),
+                spec((t,), np.int32, split=False),
+                spec((m,), np.int32, split=False),
+                spec((m,), np.int32, split=False),
             )
-            fn = jax.jit(functools.partial(_program, self._graph, self.impl, max_length))
+            seq_axis = None if self._mesh is None else "seq"
+            fn = functools.partial(_program, self._graph, self.impl, max_length, seq_axis)
+            if self._mesh is not None:
+                P = jax.sharding.PartitionSpec
+                fn = jax.shard_map(
+                    fn,
+                    mesh=self._mesh,
+                    in_specs=(P(), P("seq"), P("seq"), P("seq"), P("seq"), P(), P(), P()),
+                    out_specs=P(),
+                    check_vma=False,  # the tower's scan carries start as unsharded zeros; only shapes matter here
+                )
             options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
-            compiled = self._executables[key] = fn.lower(*args).compile(compiler_options=options)
+            compiled = self._executables[key] = jax.jit(fn).lower(*args).compile(compiler_options=options)
             self.compiles += 1
         return compiled
 
@@ -227,18 +263,20 @@ class Engine:
                 grids = [(1, self.cfg.spatial_merge_size, self.cfg.spatial_merge_size)]
                 packed = layout.pack(grids, *b, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
                 rows = layout.grid_tokens(grids[0])
-                chunks = self._chunks(np.zeros((rows, self.cfg.patch_dim), pixel_dtype), 0, rows, b.tokens)
-                jax.block_until_ready(exe(self._state, *jax.device_put((chunks, *packed), self.device)))
+                pixels = np.zeros((rows, self.cfg.patch_dim), pixel_dtype)
+                jax.block_until_ready(exe(self._state, *self._inputs(pixels, 0, rows, packed)))
             times[b] = time.perf_counter() - start
         return times
 
     def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
         """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
         rows start at `first_row` of `pixel_values`."""
+        if isinstance(pixel_values, jax.Array) and len(self.devices) > 1:
+            pixel_values = np.asarray(pixel_values)  # split over the group on the host, like any host pixels
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
-        elif self.device not in pixel_values.devices():
-            pixel_values = jax.device_put(pixel_values, self.device)
+        elif self.devices[0] not in pixel_values.devices():
+            pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls = []
         row = first_row
         for bucket, images in self.policy.plan(grids):
@@ -247,8 +285,9 @@ class Engine:
             packed = layout.pack(call_grids, *bucket, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
             longest = max(g[1] * g[2] for g in call_grids)
             exe = self.executable(bucket, _pixel_dtype(pixel_values), self._max_length(bucket, longest))
-            chunks = self._chunks(pixel_values, row, rows, bucket.tokens)
-            output = exe(self._state, *jax.device_put((chunks, *packed), self.device))
+            output = exe(self._state, *self._inputs(pixel_values, row, rows, packed))
+            if self._mesh is not None:  # replicated: keep the first device's copy
+                output = next(s.data for s in output.addressable_shards if s.device == self.devices[0])
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit)))
             row += rows
         return calls
@@ -263,28 +302,46 @@ class Engine:
                 outs[i] = row_view(call.output, start, rows)
         return outs
 
-    def _chunks(self, pixels: np.ndarray | jax.Array, row: int, rows: int, tokens: int) -> tuple:
-        """Rows [row, row+rows) of the request as `tokens / chunk` equal chunks, zero-padded at the end."""
-        chunk = math.gcd(tokens, MAX_CHUNK_ROWS)
+    def _inputs(self, pixels: np.ndarray | jax.Array, row: int, rows: int, packed: layout.Packed) -> tuple:
+        """A call's executable arguments on the device(s): rows [row, row+rows) of the request's pixels as
+        equal chunks, zero-padded to the bucket, and the packed layout."""
+        tokens, n = len(packed.segment_ids), len(self.devices)
+        chunk = self._chunk_rows(tokens)
+        layout_args = (*jax.device_put(packed[:3], self._split), *jax.device_put(packed[3:], self._whole))
         if isinstance(pixels, jax.Array):
-            return _device_chunks(pixels, row, rows, tokens, chunk)
+            return (_device_chunks(pixels, row, rows, tokens, chunk), *layout_args)
         dtype = _pixel_dtype(pixels)
-        zero = self._zero_chunks.get((chunk, dtype))
-        if zero is None:
-            zero = np.zeros((chunk, pixels.shape[1]), dtype)
-            zero = self._zero_chunks[(chunk, dtype)] = jax.device_put(zero, self.device)
-        out = []
+        pieces = []  # host views of the request (the last partial chunk copied), or None for all padding
         for start in range(row, row + tokens, chunk):
             end = min(start + chunk, row + rows)
             if end - start == chunk:
-                out.append(pixels[start:end])
+                pieces.append(pixels[start:end])
             elif end > start:
                 part = np.zeros((chunk, pixels.shape[1]), dtype)
                 part[: end - start] = pixels[start:end]
-                out.append(part)
+                pieces.append(part)
             else:
-                out.append(zero)
-        return tuple(out)
+                pieces.append(None)
+        per_device = len(pieces) // n  # device d holds the pieces [d * per_device, (d + 1) * per_device)
+        placed = [
+            jax.device_put([self._zero(d, chunk, dtype) if p is None else p for p in pieces[i : i + per_device]], d)
+            for d, i in zip(self.devices, range(0, len(pieces), per_device), strict=True)
+        ]
+        if n == 1:
+            return (tuple(placed[0]), *layout_args)
+        shape = (n * chunk, pixels.shape[1])  # global chunk j: piece j of every device, split over "seq"
+        chunks = tuple(
+            jax.make_array_from_single_device_arrays(shape, self._split, [on[j] for on in placed])
+            for j in range(per_device)
+        )
+        return (chunks, *layout_args)
+
+    def _zero(self, device: jax.Device, rows: int, dtype: np.dtype) -> jax.Array:
+        """A chunk of padding rows, kept on the device."""
+        key = (device, rows, dtype)
+        if key not in self._zero_chunks:
+            self._zero_chunks[key] = jax.device_put(np.zeros((rows, self.cfg.patch_dim), dtype), device)
+        return self._zero_chunks[key]
 
 
 class _DLTensor(ctypes.Structure):

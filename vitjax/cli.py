@@ -23,11 +23,12 @@ def _encode(args: argparse.Namespace) -> int:
     import vitjax
     from vitjax.images import ImageInputError
 
+    parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel}
     if args.model:
-        enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True, devices=args.devices)
+        enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True, **parallel)
         model = args.model
     else:
-        enc = vitjax.Encoder.random(args.random_init, seed=args.seed, dtype=args.dtype, devices=args.devices)
+        enc = vitjax.Encoder.random(args.random_init, seed=args.seed, dtype=args.dtype, **parallel)
         model = f"random-init:{args.random_init}:seed={args.seed}"
         print(
             f"vitjax: using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless",
@@ -118,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_device_count,
         default=1,
         help="devices to spread the images over, a count or 'all' (default: %(default)s)",
+    )
+    enc.add_argument(
+        "--sequence-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="groups of N devices share each call's tokens (Ulysses); N divides --devices (default: %(default)s)",
     )
     enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
     enc.set_defaults(func=_encode)

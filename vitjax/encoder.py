@@ -23,7 +23,7 @@ from vitjax.cache import EmbeddingCache, pixel_digest
 from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, load_image
 from vitjax.model import TowerInputs, VisionTower
-from vitjax.parallel import DataParallel, pick_devices
+from vitjax.parallel import DataParallel, device_groups, pick_devices
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image, resized_size
 
 # Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
@@ -68,7 +68,8 @@ class Encoder:
 
     `model_id` names the weights in the embedding cache's keys (a path, a seed); `cache_bytes` bounds
     the per-image cache (0 disables it); `devices` (a count, "all" or a list; default the first local
-    device) are used data-parallel, each holding the weights.
+    device) each hold the weights: groups of `sequence_parallel` devices share every call's tokens
+    (Ulysses), and the groups split each request's images between them (data parallel).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class Encoder:
         cache_bytes: int = 1 << 30,
         buckets: BucketPolicy | None = None,
         devices: int | str | Sequence[jax.Device] | None = None,
+        sequence_parallel: int = 1,
     ):
         self.cfg = cfg
         self.dtype = model.dtype
@@ -89,7 +91,8 @@ class Encoder:
         self.images_encoded = 0
         self._graph, self._state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
-        engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, d) for d in pick_devices(devices)]
+        groups = device_groups(pick_devices(devices), sequence_parallel)
+        engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group) for group in groups]
         self.parallel = DataParallel(engines)
 
     @classmethod

@@ -1,9 +1,10 @@
-"""Data parallelism: a request's whole images spread over several devices, one bucket engine per device.
+"""Several devices: a request's whole images spread over engines (data parallelism), each engine one device
+or a group of devices sharing every call's tokens (Ulysses sequence parallelism, see `vitjax.buckets`).
 
-Every device holds the weights and its own bucket executables; a request is cut into contiguous groups
-of whole images with token counts as even as the image sizes allow, and each group runs on its device
-at the same time (one host thread per device, so the host-to-device copies overlap too). An image's
-output stays on the device that computed it.
+Every engine holds the weights and its own bucket executables; a request is cut into contiguous groups
+of whole images whose largest token total is as small as possible, and each group runs on its engine at
+the same time (one host thread per engine, so the host-to-device copies overlap too). An image's output
+stays on the (first) device of the engine that computed it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def pick_devices(devices: int | str | Sequence[jax.Device] | None) -> list[jax.D
     return chosen
 
 
+def device_groups(devices: Sequence[jax.Device], sequence_parallel: int) -> list[list[jax.Device]]:
+    """Consecutive groups of `sequence_parallel` devices, one engine each."""
+    if sequence_parallel < 1 or len(devices) % sequence_parallel:
+        raise ValueError(f"sequence_parallel={sequence_parallel} does not divide the {len(devices)} devices")
+    return [list(devices[i : i + sequence_parallel]) for i in range(0, len(devices), sequence_parallel)]
+
+
 def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
     """`parts` contiguous index ranges over `sizes` (whole items, input order) whose largest total is as small as
     possible, since the slowest device sets the request's time; unneeded groups come last, empty."""
@@ -60,7 +68,7 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
 
 
 class DataParallel:
-    """The engines of the chosen devices, used together; with one device it is that device's engine."""
+    """Engines used together; with one engine it is that engine."""
 
     def __init__(self, engines: Sequence[Engine]):
         self.engines = list(engines)
@@ -82,7 +90,7 @@ class DataParallel:
         return {b: max(t[b] for t in times) for b in times[0]}
 
     def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
-        """Per-image outputs in input order, each on the device whose group held the image."""
+        """Per-image outputs in input order, each on the engine whose group held the image."""
         sizes = [layout.grid_tokens(g) for g in grids]
         groups = split_balanced(sizes, len(self.engines))
         first_rows = np.concatenate([[0], np.cumsum(sizes)])
