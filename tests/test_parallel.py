@@ -157,7 +157,7 @@ def test_sequence_parallel_refuses_what_cannot_split(params):
     enc = vitjax.Encoder.from_params(
         CFG, params, dtype="float32", devices=2, sequence_parallel=2, buckets=BucketPolicy(tokens=(68,))
     )
-    with pytest.raises(ValueError, match="68 tokens cannot be split into 2 whole 2x2 merge groups"):
+    with pytest.raises(ValueError, match="68 tokens does not split over 2 devices in whole 2x2 merge groups"):
         enc.encode_patches(pixels_for([(1, 4, 4)], CFG, seed=0), np.array([(1, 4, 4)]))
 
 

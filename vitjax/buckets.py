@@ -208,7 +208,7 @@ class Engine:
         """Rows per pixel chunk: a divisor of each device's share of the bucket."""
         n = len(self.devices)
         if tokens % (4 * n):
-            raise ValueError(f"a bucket of {tokens} tokens cannot be split into {n} whole 2x2 merge groups per device")
+            raise ValueError(f"a bucket of {tokens} tokens does not split over {n} devices in whole 2x2 merge groups")
         return math.gcd(tokens // n, MAX_CHUNK_ROWS)
 
     def executable(self, bucket: Bucket, pixel_dtype: np.dtype = np.float32, max_length: int = 0):
