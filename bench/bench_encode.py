@@ -53,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--images", type=int, default=20)
+    parser.add_argument("--devices", default="1", help="comma-separated device counts for vitjax (data parallel)")
     args = parser.parse_args()
 
     import torch
@@ -112,7 +113,6 @@ def main() -> None:
     model = None  # free the GPU for JAX
     torch.cuda.empty_cache()
 
-    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0)
     workers = min(8, os.cpu_count() or 1)
 
     def vj_preprocess():
@@ -129,34 +129,38 @@ def main() -> None:
             "threads": workers,
         }
     )
-    # One call for all 20 (98,304 tokens) and four smaller ones, whose preprocessing overlaps the device.
-    for batch_tokens in (98304, 24576):
+    # One call for all 20 (98,304 tokens) and four smaller ones, whose preprocessing overlaps the device
+    # (tokens per device: with several devices each call is split over them).
+    for devices in (int(n) for n in args.devices.split(",")):
+        enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0, devices=devices)
+        for batch_tokens in (98304, 24576):
 
-        def vj_end_to_end(batch_tokens=batch_tokens):
-            out = enc.encode(data, batch_tokens=batch_tokens)
-            jax.block_until_ready([o.features for o in out])
+            def vj_end_to_end(enc=enc, batch_tokens=batch_tokens):
+                out = enc.encode(data, batch_tokens=batch_tokens)
+                jax.block_until_ready([o.features for o in out])
 
-        t, times = median_time(vj_end_to_end, 5)
-        emit(
-            {
-                "impl": "vitjax",
-                "part": f"end_to_end@{batch_tokens}",
-                "ms": t * 1e3,
-                "ms_all": [round(v * 1e3, 2) for v in times],
-                "patches": sum(np.prod(g) for g in grids).item(),
-                "tflops": (gemm + attn) / t / 1e12,
-                "attention": enc.attention,
-                "batch_tokens": batch_tokens,
-            }
-        )
+            t, times = median_time(vj_end_to_end, 5)
+            emit(
+                {
+                    "impl": "vitjax",
+                    "part": f"end_to_end@{batch_tokens}" + (f"x{devices}gpu" if devices > 1 else ""),
+                    "ms": t * 1e3,
+                    "ms_all": [round(v * 1e3, 2) for v in times],
+                    "patches": sum(np.prod(g) for g in grids).item(),
+                    "tflops": (gemm + attn) / t / 1e12,
+                    "attention": enc.attention,
+                    "batch_tokens": batch_tokens,
+                    "devices": devices,
+                }
+            )
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{meta['device'].split()[-1].lower()}-{meta['date']}.jsonl"
     with path.open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(f"\n{'impl':8} {'part':12} {'ms':>9}")
+    print(f"\n{'impl':8} {'part':22} {'ms':>9}")
     for r in rows:
-        print(f"{r['impl']:8} {r['part']:12} {r['ms']:9.1f}")
+        print(f"{r['impl']:8} {r['part']:22} {r['ms']:9.1f}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     vit) run vit 250 python3 bench/bench_vit.py --out "$OUT/results" ;;
     vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2,sp2 --no-parts --no-warm-start ;;
     sweep) run sweep 420 python3 bench/bench_vit.py --out "$OUT/results" --sweep ;;
-    encode) run encode 240 python3 bench/bench_encode.py --out "$OUT/results" ;;
+    encode) run encode 300 python3 bench/bench_encode.py --out "$OUT/results" --devices "${ENCODE_DEVICES:-1}" ;;
     *) echo "unknown step $step" ;;
     esac
 done
