@@ -1,5 +1,6 @@
-"""Data parallelism on four CPU devices: the images of a request spread over devices give the embeddings the
-unbucketed single-device tower gives, each on its own device, and a warm multi-device encoder never compiles."""
+"""Several devices, on four CPU devices: data parallelism (a request's images spread over devices) and Ulysses
+(every call's tokens split over a device group) give the embeddings the unbucketed single-device tower gives,
+each on its own device; a warm multi-device encoder never compiles; bad splits are refused by name."""
 
 from __future__ import annotations
 
