@@ -1,0 +1,1 @@
+"""SGLang integration for vitjax."""
