@@ -7,6 +7,7 @@ HF name, so missing, unexpected and mis-shaped tensors are all reported by name.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -131,6 +132,38 @@ def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
     return [(file, k, k[len(prefix) :]) for file, k in keys if k.startswith(prefix)]
 
 
+class _Assembler:
+    """Places HF-named vision tensors into the nested parameter dict, strictly: every unexpected,
+    repeated or mis-shaped tensor is an error naming it and `where` it came from."""
+
+    def __init__(self, cfg: VisionConfig, prefix: str):
+        self.cfg, self.prefix = cfg, prefix
+        self.table = weight_map(cfg)
+        self.params: Params = {}
+        self.seen: set[str] = set()
+
+    def add(self, where: str, name: str, shape: tuple[int, ...], read: Callable[[], np.ndarray]) -> None:
+        """Take tensor `name` (prefix stripped) of `shape`; `read` is called only once it is known to fit."""
+        if name in BUFFERS:
+            return
+        key, target = self.prefix + name, self.table.get(name)
+        if target is None:
+            raise CheckpointError(f"{where}: unexpected tensor {key} for a {self.cfg.depth}-block tower")
+        if name in self.seen:
+            raise CheckpointError(f"{where}: tensor {key} appears twice")
+        if shape != target.shape:
+            raise CheckpointError(f"{where}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
+        _place(self.params, target, _transform(read(), target.kind), self.cfg)
+        self.seen.add(name)
+
+    def finish(self, where: str) -> Params:
+        missing = [k for k in self.table if k not in self.seen]
+        if missing:
+            shown = ", ".join(self.prefix + k for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise CheckpointError(f"{where}: {len(missing)} vision tensors missing: {shown}")
+        return self.params
+
+
 def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Params:
     """Read the vision tower out of an HF checkpoint (full model or vision-only, single or sharded).
 
@@ -138,38 +171,35 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
     without being read; anything missing, unexpected or mis-shaped raises `CheckpointError` naming it.
     """
     files = _checkpoint_files(Path(path))
-    table = weight_map(cfg)
     entries = _visual_keys(files)
     if not entries:
         raise CheckpointError(f"{path}: no vision tower tensors ({' or '.join(p + '*' for p in PREFIXES)})")
-    prefix = entries[0][1][: len(entries[0][1]) - len(entries[0][2])]
-
-    params: Params = {}
-    seen: set[str] = set()
+    assembler = _Assembler(cfg, entries[0][1][: len(entries[0][1]) - len(entries[0][2])])
     open_files: dict[Path, Any] = {}
     try:
         for file, key, name in tqdm(entries, desc="loading vision tower", disable=not progress, unit="tensor"):
-            if name in BUFFERS:
-                continue
-            target = table.get(name)
-            if target is None:
-                raise CheckpointError(f"{file}: unexpected tensor {key} for a {cfg.depth}-block tower")
-            if name in seen:
-                raise CheckpointError(f"{file}: tensor {key} appears twice")
             f = open_files.get(file) or open_files.setdefault(file, safe_open(file, framework="numpy"))
             shape = tuple(f.get_slice(key).get_shape())
-            if shape != target.shape:
-                raise CheckpointError(f"{file}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
-            value = _transform(f.get_tensor(key), target.kind)
-            _place(params, target, value, cfg)
-            seen.add(name)
+            assembler.add(str(file), name, shape, lambda f=f, key=key: f.get_tensor(key))
     finally:
         open_files.clear()
-    missing = [k for k in table if k not in seen]
-    if missing:
-        shown = ", ".join(prefix + k for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
-        raise CheckpointError(f"{path}: {len(missing)} vision tensors missing: {shown}")
-    return params
+    return assembler.finish(str(path))
+
+
+def from_named_arrays(tensors: Iterable[tuple[str, np.ndarray]], cfg: VisionConfig, where: str) -> Params:
+    """The tower from (HF name, array) pairs, e.g. a serving framework's weight iterator: names carry the
+    `model.visual.` or `visual.` prefix (or none); the checks are `load_hf`'s."""
+    assembler: _Assembler | None = None
+    for key, value in tensors:
+        prefix = next((p for p in PREFIXES if key.startswith(p)), "")
+        if assembler is None:
+            assembler = _Assembler(cfg, prefix)
+        elif prefix != assembler.prefix:
+            raise CheckpointError(f"{where}: vision tensors under several prefixes {[assembler.prefix, prefix]}")
+        assembler.add(where, key[len(prefix) :], tuple(value.shape), lambda value=value: value)
+    if assembler is None:
+        raise CheckpointError(f"{where}: no vision tower tensors")
+    return assembler.finish(where)
 
 
 def _place(params: Params, target: Target, value: np.ndarray, cfg: VisionConfig) -> None:

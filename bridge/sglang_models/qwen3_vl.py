@@ -1,0 +1,106 @@
+"""SGLang's Qwen3-VL classes (dense and MoE) with the vision tower computed by vitjax.
+
+The classes keep SGLang's names and everything of SGLang's classes except `self.visual`: with
+`VITJAX_MM_ENCODER_BACKEND=jax` the constructor builds a `JaxVisionTower` where SGLang would build its
+torch tower, `load_weights` hands the `model.visual.*` tensors of SGLang's own weight iterator to it,
+and the bucket executables are compiled in SGLang's post-load hook, before the KV cache is sized. With
+any other backend they are SGLang's classes unchanged. SGLang's feature calls, per-image cache,
+chunk-aware encoding, DP encoder and encoder server all stay SGLang's.
+
+Checked against sglang 0.5.23 (the module global `Qwen3VLMoeVisionModel` that the constructor calls, the
+constructor's keyword names, and the `precompile_kernels_after_loading` hook).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+
+import torch
+from sglang.srt.models import qwen3_vl, qwen3_vl_moe
+
+from bridge import backend
+
+logger = logging.getLogger(__name__)
+VISUAL_PREFIXES = ("model.visual.", "visual.")
+
+
+@contextlib.contextmanager
+def _jax_tower_in_place_of_sglangs():
+    """While SGLang's constructor runs, its tower class builds a weightless `JaxVisionTower` instead
+    (same keywords: vision_config, norm_eps, quant_config, prefix, use_data_parallel)."""
+    from bridge.tower import JaxVisionTower
+    from vitjax.config import VisionConfig
+
+    def build(vision_config, norm_eps=1e-6, quant_config=None, prefix="", use_data_parallel=False):
+        return JaxVisionTower(
+            config=VisionConfig.from_hf(vision_config.to_dict()),
+            device=torch.empty(0).device,  # SGLang builds the model under its target device and dtype
+            dtype=torch.get_default_dtype(),
+            use_data_parallel=use_data_parallel,
+        )
+
+    original = qwen3_vl.Qwen3VLMoeVisionModel
+    qwen3_vl.Qwen3VLMoeVisionModel = build
+    try:
+        yield
+    finally:
+        qwen3_vl.Qwen3VLMoeVisionModel = original
+
+
+class _VitjaxTower:
+    """The swap, shared by the dense and MoE classes (placed before SGLang's class in the MRO)."""
+
+    def __init__(self, config, *args, **kwargs):
+        if backend.current() != "jax":
+            super().__init__(config, *args, **kwargs)
+            return
+        with _jax_tower_in_place_of_sglangs():
+            super().__init__(config, *args, **kwargs)
+        self._vitjax_model_id = getattr(config, "_name_or_path", "") or "sglang"
+        if self.visual is not None:
+            logger.info("vitjax: the vision tower runs in JAX (%s)", self.visual.extra_repr())
+
+    def _vitjax(self) -> bool:
+        from bridge.tower import JaxVisionTower
+
+        return isinstance(getattr(self, "visual", None), JaxVisionTower)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        if not self._vitjax():
+            return super().load_weights(weights)
+        from bridge.dlpack import to_numpy
+
+        visual: list[tuple[str, object]] = []
+
+        def language(pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in pairs:
+                if name.startswith(VISUAL_PREFIXES):
+                    visual.append((name, to_numpy(tensor)))
+                else:
+                    yield name, tensor
+
+        result = super().load_weights(language(weights))
+        self.visual.load(
+            visual, where=f"{self._vitjax_model_id} (SGLang's weight iterator)", model_id=self._vitjax_model_id
+        )
+        return result
+
+    def precompile_kernels_after_loading(self) -> None:
+        parent = getattr(super(), "precompile_kernels_after_loading", None)
+        if parent is not None:
+            parent()
+        if self._vitjax():
+            self.visual.warmup_for_serving()
+
+
+class Qwen3VLForConditionalGeneration(_VitjaxTower, qwen3_vl.Qwen3VLForConditionalGeneration):
+    pass
+
+
+class Qwen3VLMoeForConditionalGeneration(_VitjaxTower, qwen3_vl_moe.Qwen3VLMoeForConditionalGeneration):
+    pass
+
+
+EntryClass = [Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration]

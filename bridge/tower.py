@@ -1,0 +1,149 @@
+"""`JaxVisionTower`: SGLang's vision-tower contract over a `vitjax.Encoder`.
+
+SGLang's Qwen3-VL model reads `device`, `dtype`, `spatial_merge_size`, `out_hidden_size`,
+`deepstack_visual_indexes` and `use_data_parallel` from its tower and calls it as
+`tower(pixel_values [N, 1536], grid_thw [n, 3])` -> `[N/4, out_hidden * (1 + deepstack)]`, columns
+`[merger | deepstack_0 | ...]` (reference/sglang-integration.md §1.2, §9.2). Pixels and features cross
+between torch and JAX through DLPack; all tower logic is vitjax's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch import nn
+
+import vitjax
+from bridge import backend, dlpack
+from vitjax.buckets import Bucket
+from vitjax.weights import from_named_arrays
+
+
+def torch_device(device: jax.Device) -> torch.device:
+    """The torch device of a JAX device (a GPU by its index on this host)."""
+    return torch.device("cuda", device.local_hardware_id) if device.platform == "gpu" else torch.device("cpu")
+
+
+def jax_device(device: torch.device) -> jax.Device:
+    """The JAX device for a torch device. In a process that has not started JAX yet, a CUDA device makes it
+    the only GPU JAX opens (otherwise XLA would claim memory on every visible GPU)."""
+    if device.type != "cuda":
+        return jax.devices("cpu")[0]
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if not jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001 (checked on JAX 0.10.2 and 0.11.2)
+        jax.config.update("jax_cuda_visible_devices", str(index))
+    gpus = jax.devices("gpu")
+    found = [d for d in gpus if d.local_hardware_id == index]
+    if not found:
+        raise RuntimeError(f"torch device {device} has no JAX counterpart among {gpus}")
+    return found[0]
+
+
+class JaxVisionTower(nn.Module):
+    """SGLang's Qwen3-VL vision tower, computed by a `vitjax.Encoder` (on the encoder's first device).
+
+    `pixel_values` may live on any device (host, GPU, or a CUDA-IPC tensor SGLang has opened); they are read
+    through DLPack where they are and moved to the encoder's device only if elsewhere. The output is one
+    tensor on `device` in the encoder's dtype, sharing the JAX result's memory. The tower holds one empty
+    torch parameter, so `device`, `dtype` and `next(model.parameters())` work as on SGLang's own tower.
+    Built without an encoder (inside SGLang, before its weights are read), it takes one with `load`.
+    """
+
+    def __init__(
+        self,
+        encoder: vitjax.Encoder | None = None,
+        *,
+        config: vitjax.VisionConfig | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        use_data_parallel: bool = False,
+    ):
+        super().__init__()
+        if encoder is None and (config is None or device is None or dtype is None):
+            raise ValueError("JaxVisionTower needs an encoder, or a config, device and dtype to load one into")
+        config = encoder.cfg if encoder is not None else config
+        if encoder is not None:
+            device = device or torch_device(encoder.parallel.engines[0].devices[0])
+            dtype = dtype or getattr(torch, encoder.dtype.name)
+        self._anchor = nn.Parameter(torch.empty(0, device=device, dtype=dtype), requires_grad=False)
+        self.config = config
+        self.encoder = encoder
+        self.spatial_merge_size = config.spatial_merge_size
+        self.out_hidden_size = config.output_width
+        self.hidden_size = config.hidden_size
+        self.deepstack_visual_indexes = list(config.deepstack_visual_indexes)
+        self.use_data_parallel = use_data_parallel
+        self.calls = 0  # tower calls (each image or video of a call counted in `items`)
+        self.items = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._anchor.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._anchor.dtype
+
+    def load(self, tensors: Iterable[tuple[str, np.ndarray]], where: str, model_id: str | None = None, **kw) -> None:
+        """Build the encoder from (HF name, array) pairs (vitjax's strict checks), on this tower's device."""
+        params = from_named_arrays(tensors, self.config, where)
+        dtype = str(self.dtype).removeprefix("torch.")
+        kw.setdefault("devices", [jax_device(self.device)])
+        kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
+        self.encoder = vitjax.Encoder.from_params(self.config, params, dtype, model_id=model_id or where, **kw)
+
+    def warmup(self, buckets: Sequence[Bucket] | None = None) -> None:
+        """Compile (or load from the persistent cache) the executables the served pixel rows will use."""
+        self._ready().warmup(buckets, pixel_dtype=str(self.dtype).removeprefix("torch."))
+
+    def warmup_for_serving(self) -> None:
+        """The warm-up `VITJAX_WARMUP` asks for: "all" buckets (default), "none", or token sizes "512,4096"."""
+        choice = os.environ.get(backend.WARMUP_ENV, "all").strip()
+        if choice == "none":
+            return
+        policy = self._ready().parallel.engines[0].policy
+        if choice == "all":
+            self.warmup()
+            return
+        try:
+            sizes = {int(v) for v in choice.split(",")}
+        except ValueError:
+            sizes = set()
+        if not sizes or not sizes <= set(policy.tokens):
+            known = policy.tokens
+            raise ValueError(f"{backend.WARMUP_ENV}={choice!r}: expected all, none or bucket sizes from {known}")
+        self.warmup([b for b in policy.buckets() if b.tokens in sizes])
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
+        encoder = self._ready()
+        grid = np.asarray(grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw, dtype=np.int64)
+        grid = grid.reshape(-1, 3) if grid.size else grid.reshape(0, 3)
+        pixels = dlpack.to_jax(pixel_values.to(self.dtype))
+        start = time.perf_counter()
+        outs = encoder.encode_patches(pixels, grid)  # checks grid and row count first, names what is wrong
+        self.calls += 1
+        self.items += len(outs)
+        if not outs:
+            return torch.empty((0, self.out_hidden_size), device=self.device, dtype=self.dtype)
+        out = outs[0] if len(outs) == 1 else jnp.concatenate(outs)
+        features = dlpack.to_torch(out)
+        if trace := os.environ.get(backend.TRACE_ENV):
+            record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
+            with open(trace, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return features if features.device == self.device else features.to(self.device)
+
+    def _ready(self) -> vitjax.Encoder:
+        if self.encoder is None:
+            raise RuntimeError("JaxVisionTower has no weights yet: call load() first")
+        return self.encoder
+
+    def extra_repr(self) -> str:
+        return f"vitjax, {self.config.depth} blocks, device={self.device}, dtype={self.dtype}"

@@ -1,0 +1,81 @@
+"""`bridge.JaxVisionTower` (SGLang's tower contract, torch in and out) against HF's `Qwen3VLVisionModel`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, pixels_for
+from safetensors.torch import load_file
+
+import bridge
+import vitjax
+from bridge import dlpack
+from vitjax.weights import CheckpointError
+
+
+def test_tower_equals_hf_on_images_and_a_video(tiny):
+    cfg, hf, path = tiny
+    tower = bridge.JaxVisionTower(vitjax.Encoder.from_pretrained(path, dtype="float32"))
+    assert (tower.device, tower.dtype) == (torch.device("cpu"), torch.float32)
+    assert tower.spatial_merge_size == 2 and tower.out_hidden_size == cfg.out_hidden_size * (
+        1 + len(cfg.deepstack_visual_indexes)
+    )
+    assert tower.deepstack_visual_indexes == list(cfg.deepstack_visual_indexes)
+    pixels = pixels_for(GRIDS, cfg)
+    ref = hf_outputs(hf, pixels, GRIDS)
+    out = tower(torch.from_numpy(pixels), torch.tensor(GRIDS))  # SGLang: grid_thw a CPU long tensor
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.device.type == "cpu"
+    assert_close_to_scale(out.numpy(), ref)
+    # The DP encoder path passes grid_thw positionally, sometimes as a list of lists.
+    assert_close_to_scale(tower(torch.from_numpy(pixels), [list(g) for g in GRIDS]).numpy(), ref)
+    assert (tower.calls, tower.items) == (2, 2 * len(GRIDS))
+
+
+def test_tower_loads_sglang_style_named_weights_and_runs_bf16():
+    """Weights as SGLang's iterator yields them (torch tensors, full-model names, bf16), into a tower built
+    before its weights, as the SGLang model builds it; bf16 output close to HF's fp32."""
+    cfg = TINY["hd72"]
+    hf = hf_full_model(cfg, seed=3)
+    named = [(k, v.to(torch.bfloat16)) for k, v in hf.state_dict().items() if k.startswith("model.visual.")]
+    tower = bridge.JaxVisionTower(config=cfg, device="cpu", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no weights yet"):
+        tower(torch.zeros(16, cfg.patch_dim), torch.tensor([[1, 4, 4]]))
+    tower.load(((k, dlpack.to_numpy(v)) for k, v in named), where="test iterator")
+    assert next(tower.parameters()).dtype == torch.bfloat16
+    grids = [(1, 8, 6), (2, 4, 4)]
+    pixels = pixels_for(grids, cfg, seed=1)
+    out = tower(torch.from_numpy(pixels).to(torch.bfloat16), torch.tensor(grids))
+    assert out.dtype == torch.bfloat16
+    assert out.shape == (sum(t * h * w for t, h, w in grids) // 4, tower.out_hidden_size)
+    ref = hf_outputs(hf.model.visual, pixels, grids)
+    got = out.float().numpy()
+    cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+    assert cos > 0.999, cos
+
+
+def test_tower_rejects_bad_weights_and_bad_calls_by_name(tiny):
+    cfg, _, path = tiny
+    named = dict(load_file(str(path / "model.safetensors")))
+    tower = bridge.JaxVisionTower(config=cfg, device="cpu", dtype=torch.float32)
+    missing = {k: v for k, v in named.items() if k != "merger.linear_fc2.bias"}
+    with pytest.raises(CheckpointError, match=r"1 vision tensors missing: merger\.linear_fc2\.bias"):
+        tower.load(((k, v.numpy()) for k, v in missing.items()), where="ckpt")
+    wrong = {**named, "pos_embed.weight": torch.zeros(3, 3)}
+    with pytest.raises(CheckpointError, match=r"pos_embed\.weight has shape \[3, 3\]"):
+        tower.load(((k, v.numpy()) for k, v in wrong.items()), where="ckpt")
+    tower.load(((k, v.numpy()) for k, v in named.items()), where="ckpt")
+    pixels = torch.from_numpy(pixels_for([(1, 4, 4)], cfg))
+    with pytest.raises(ValueError, match=r"pixel_values has shape \[16, 1536\], but grid_thw needs \[32, 1536\]"):
+        tower(pixels, torch.tensor([[2, 4, 4]]))
+    with pytest.raises(ValueError, match=r"divisible by 2"):
+        tower(pixels, torch.tensor([[1, 2, 8], [1, 1, 3]]))
+    assert tower.calls == 0
+
+
+def test_dlpack_shares_memory_both_ways():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).to(torch.bfloat16)
+    x = dlpack.to_jax(t)
+    assert x.dtype.name == "bfloat16" and np.asarray(x, np.float32).tolist() == t.float().tolist()
+    back = dlpack.to_torch(x)
+    assert back.data_ptr() == x.unsafe_buffer_pointer() and back.dtype == torch.bfloat16
