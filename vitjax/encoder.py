@@ -1,12 +1,10 @@
-"""The user-facing Encoder: weights on the device, bucketed tower calls, and the images -> embeddings pipeline."""
+"""The user-facing Encoder: weights on the device, bucketed tower calls, and `encode` driving `vitjax.pipeline`."""
 
 from __future__ import annotations
 
 import functools
-import os
 import uuid
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,12 +17,13 @@ from tqdm.auto import tqdm
 from vitjax import layout, weights
 from vitjax.attention import Segments, check_implementation, default_implementation
 from vitjax.buckets import Bucket, BucketPolicy, Engine
-from vitjax.cache import EmbeddingCache, pixel_digest
+from vitjax.cache import EmbeddingCache
 from vitjax.config import VisionConfig
-from vitjax.images import ImageInputError, expand_inputs, load_image
+from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image, resized_size
+from vitjax.pipeline import Item, Pipeline, batches
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
 
 # Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
 # the device's work (20 x 960x1280 JPEGs on an H200: 471 ms vs 532 ms in one call, bench/NOTES.md).
@@ -181,109 +180,57 @@ class Encoder:
     ) -> list[Encoded | ImageInputError]:
         """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) -> one `Encoded` each, in order.
 
-        Decoding, hashing and preprocessing run in threads, the preprocessing straight into each tower
-        call's pixel buffer, and the next call's preprocessing overlaps the device's work on the last.
-        Calls hold at most `batch_tokens` patches per device. An image seen before (same pixels, settings and
-        weights) comes from the cache; duplicates within a request are encoded once. With
-        `errors="return"` a bad input yields its `ImageInputError` in its slot and the rest are still
-        encoded; with "raise" it is raised.
+        A thin driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads, looked up
+        in the cache, and the misses go in batches of at most `batch_tokens` patches per device through
+        `fill` (rows written straight into each call's pixel buffer) and `encode_patches`, whose asynchronous
+        dispatch lets the next batch's preprocessing overlap the device's work on the last. An image seen
+        before (same pixels, settings and weights) comes from the cache; duplicates within a request are
+        encoded once. With `errors="return"` a bad input yields its `ImageInputError` in its slot and the
+        rest are still encoded; with "raise" it is raised.
         """
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', not {errors!r}")
         items = expand_inputs(images)
-        settings = (min_pixels, max_pixels)
-        factor = self.cfg.patch_size * self.cfg.spatial_merge_size
-
-        def load(item: tuple[str, object]):
-            image = load_image(item[1], item[0])
-            return image, pixel_digest(image), resized_size(image, min_pixels, max_pixels, factor, item[0])
-
-        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-            loaded = list(pool.map(lambda item: _guard(item[0], lambda: load(item)), items))
+        # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
+        pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
+        with Pipeline(self.cfg, min_pixels=min_pixels, max_pixels=max_pixels, pixel_dtype=pixel_dtype) as pipe:
+            prepared = list(pipe.prepare(items))
             found: dict[str, tuple[layout.Grid, jax.Array] | ImageInputError] = {}
-            todo: dict[str, tuple[str, object, layout.Grid]] = {}  # digest -> (name, image, grid), cache misses
-            for (name, _), entry in zip(items, loaded, strict=True):
-                if isinstance(entry, ImageInputError) or entry[1] in found or entry[1] in todo:
+            todo: dict[str, Item] = {}  # digest -> item, cache misses
+            for entry in prepared:
+                if isinstance(entry, ImageInputError) or entry.digest in found or entry.digest in todo:
                     continue
-                image, digest, (height, width) = entry
-                cached = self.cache.get((self.model_id, digest, settings))
+                cached = self.cache.get((self.model_id, entry.digest, pipe.settings))
                 if cached is not None:
-                    found[digest] = cached
+                    found[entry.digest] = cached
                 else:
-                    todo[digest] = (name, image, (1, height // self.cfg.patch_size, width // self.cfg.patch_size))
+                    todo[entry.digest] = entry
             with tqdm(total=len(todo), desc="encoding", unit="image", disable=not progress) as bar:
-                budget = batch_tokens * len(self.parallel.engines)
-                for chunk in _chunks(list(todo), lambda d: layout.grid_tokens(todo[d][2]), budget):
-                    found.update(self._encode_chunk(pool, [(d, *todo[d]) for d in chunk], settings))
-                    bar.update(len(chunk))
+                for batch in batches(todo.values(), batch_tokens * len(self.parallel.engines)):
+                    found.update(self._encode_batch(pipe, batch))
+                    bar.update(len(batch))
         results: list[Encoded | ImageInputError] = []
-        for (name, _), entry in zip(items, loaded, strict=True):
-            value = entry if isinstance(entry, ImageInputError) else found[entry[1]]
+        for (name, _), entry in zip(items, prepared, strict=True):
+            value = entry if isinstance(entry, ImageInputError) else found[entry.digest]
             if isinstance(value, ImageInputError):
                 if errors == "raise":
                     raise value
                 results.append(value)
             else:
-                results.append(Encoded(name, value[0], entry[1], value[1], self.cfg.out_hidden_size))
+                results.append(Encoded(name, value[0], entry.digest, value[1], self.cfg.out_hidden_size))
         return results
 
-    def _encode_chunk(self, pool: ThreadPoolExecutor, chunk: list, settings: tuple[int, int]) -> dict:
-        """Preprocess (digest, name, image, grid) entries into one pixel buffer in threads, dispatch one
-        `encode_patches` (asynchronous), cache and return digest -> (grid, features) or error."""
-        p = self.cfg
-        sizes = [layout.grid_tokens(grid) for *_, grid in chunk]
-        starts = np.cumsum([0, *sizes])
-        # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
-        pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
-        pixels = np.empty((starts[-1], p.patch_dim), pixel_dtype)
-
-        def fill(j: int):
-            _, name, image, _ = chunk[j]
-            return _guard(
-                name,
-                lambda: preprocess_image(
-                    image,
-                    *settings,
-                    patch_size=p.patch_size,
-                    merge_size=p.spatial_merge_size,
-                    temporal_patch_size=p.temporal_patch_size,
-                    name=name,
-                    out=pixels[starts[j] : starts[j + 1]],
-                ),
-            )
-
-        filled = list(pool.map(fill, range(len(chunk))))
-        outs = self.encode_patches(pixels, np.array([grid for *_, grid in chunk]))
-        self.images_encoded += len(chunk)
+    def _encode_batch(self, pipe: Pipeline, batch: list[Item]) -> dict:
+        """Fill one pixel buffer, dispatch one `encode_patches` (asynchronous), cache and return
+        digest -> (grid, features) or error."""
+        pixels, failed = pipe.fill(batch)
+        outs = self.encode_patches(pixels, np.array([item.grid for item in batch]))
+        self.images_encoded += len(batch)
         done = {}
-        for (digest, *_, grid), result, out in zip(chunk, filled, outs, strict=True):
-            if isinstance(result, ImageInputError):
-                done[digest] = result
+        for item, error, out in zip(batch, failed, outs, strict=True):
+            if error is not None:
+                done[item.digest] = error
             else:
-                done[digest] = (grid, out)
-                self.cache.put((self.model_id, digest, settings), done[digest])
+                done[item.digest] = (item.grid, out)
+                self.cache.put((self.model_id, item.digest, pipe.settings), done[item.digest])
         return done
-
-
-def _guard(name: str, work):
-    """Run `work`, turning a ValueError into an `ImageInputError` naming the input (returned, not raised)."""
-    try:
-        return work()
-    except ImageInputError as e:
-        return e
-    except ValueError as e:
-        return ImageInputError(name, str(e))
-
-
-def _chunks(keys: list, size, budget: int) -> list[list]:
-    """Greedy, order-preserving groups whose sizes add up to at most `budget` (an oversize item goes alone)."""
-    groups: list[list] = []
-    total = budget + 1
-    for key in keys:
-        n = size(key)
-        if total + n > budget:
-            groups.append([])
-            total = 0
-        groups[-1].append(key)
-        total += n
-    return groups
