@@ -1,0 +1,109 @@
+"""`python -m bridge.launch_server --mm-encoder-backend {jax,torch} <sglang.launch_server arguments>`.
+
+Strips its own flag (SGLang's parser rejects unknown ones), checks the model and the hook, writes the
+environment SGLang's spawned processes read (`bridge.backend`), then runs SGLang's own launcher unchanged.
+`torch` is stock SGLang; `jax` serves Qwen3-VL (dense or MoE) with vitjax's tower.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bridge import backend
+
+FLAG = "--mm-encoder-backend"
+MODEL_FLAGS = ("--model-path", "--model")
+
+
+class UsageError(ValueError):
+    """A launch refused before SGLang starts; the message says what is accepted."""
+
+
+def pop_option(argv: list[str], names: Sequence[str], remove: bool) -> str | None:
+    """The value of `--name VALUE` or `--name=VALUE` (the last one given), optionally removed from `argv`."""
+    value, i = None, 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            if eq:
+                value, width = inline, 1
+            elif i + 1 < len(argv):
+                value, width = argv[i + 1], 2
+            else:
+                raise UsageError(f"{name} needs a value")
+            if remove:
+                del argv[i : i + width]
+                continue
+            i += width
+            continue
+        i += 1
+    return value
+
+
+def model_architectures(model: str) -> list[str]:
+    """`architectures` of a model directory's config.json (or, for a hub id, transformers' AutoConfig)."""
+    config = Path(model) / "config.json"
+    if config.is_file():
+        return list(json.loads(config.read_text()).get("architectures") or [])
+    if Path(model).exists():
+        raise UsageError(f"{model}: no config.json there")
+    from transformers import AutoConfig
+
+    return list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
+
+
+def check_hook() -> None:
+    """Import the external model package the way SGLang will, but strictly: SGLang only logs an import error
+    there and would silently serve its own torch tower."""
+    from sglang.srt.models.registry import import_model_classes
+
+    from bridge.sglang_models import qwen3_vl
+
+    found = import_model_classes(backend.PACKAGE, strict=True)
+    for arch in backend.ARCHITECTURES:
+        if found.get(arch) is not getattr(qwen3_vl, arch):
+            raise UsageError(f"{backend.PACKAGE} does not provide {arch} (found {found.get(arch)})")
+
+
+def prepare(argv: Sequence[str]) -> list[str]:
+    """Check the arguments and set the environment; return SGLang's arguments (ours removed)."""
+    args = list(argv)
+    choice = pop_option(args, [FLAG], remove=True) or "jax"
+    if choice not in backend.BACKENDS:
+        raise UsageError(f"{FLAG} {choice!r}: expected one of {', '.join(backend.BACKENDS)}")
+    if choice == "jax":
+        model = pop_option(args, MODEL_FLAGS, remove=False)
+        if model is None:
+            raise UsageError("--model-path is required")
+        archs = model_architectures(model)
+        if not set(archs) & set(backend.ARCHITECTURES):
+            raise UsageError(
+                f"{model}: architectures {archs} is not Qwen3-VL; {FLAG} jax serves "
+                f"{' and '.join(backend.ARCHITECTURES)} ({FLAG} torch runs any model on SGLang's own towers)"
+            )
+    try:
+        backend.configure(choice)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if choice == "jax":
+        check_hook()
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        args = prepare(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"bridge.launch_server: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.argv = [sys.argv[0], *args]
+    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The bridge inside a real SGLang 0.5.23 Engine on the CPU: same answers as SGLang's own tower, and
+SGLang's per-image cache and chunked prefill still decide what gets encoded.
+
+Each Engine runs in a process of its own (`sglang_driver.py`). The tiny Qwen3-VL (`qwen3vl_checkpoint`)
+has a 3-block vision tower; images are resized to at most 16x16 patches (64 tokens), so with prefill
+chunks of 32 tokens every image spans several chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY
+from qwen3vl_checkpoint import MAX_PIXELS, MIN_PIXELS, build
+
+from bridge import backend
+from vitjax.preprocess import preprocess_image
+
+HERE = Path(__file__).parent
+IMAGES = HERE / "data" / "images"
+
+
+def user_prompt(images: int, text: str) -> str:
+    vision = "<|vision_start|><|image_pad|><|vision_end|>" * images
+    return f"<|im_start|>user\n{vision}{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+REQUESTS = [
+    {"prompt": user_prompt(1, "What is this?"), "images": [str(IMAGES / "astronaut.jpg")]},
+    {"prompt": user_prompt(2, "Compare."), "images": [str(IMAGES / "coffee.jpg"), str(IMAGES / "chelsea.png")]},
+    # The first request's image again, twice: SGLang's cache serves both, nothing is encoded.
+    {"prompt": user_prompt(2, "Same?"), "images": [str(IMAGES / "astronaut.jpg")] * 2},
+    # One new image beside a cached one: only the new one is encoded.
+    {"prompt": user_prompt(2, "And now?"), "images": [str(IMAGES / "rocket.jpg"), str(IMAGES / "coffee.jpg")]},
+]
+
+
+def video_prompt(text: str) -> str:
+    return f"<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def write_clip(path: Path, frames: int = 12, fps: int = 4) -> Path:
+    """A short real clip (MPEG-4 in MP4, written with PyAV): a photo panned one step per frame."""
+    import av
+    from PIL import Image
+
+    photo = np.asarray(Image.open(IMAGES / "rocket.jpg").convert("RGB").resize((160, 96)))
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 128, 96, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(photo[:, 2 * i : 2 * i + 128]), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def sglang_decodes_video() -> bool:
+    """SGLang decodes video files with torchcodec, which needs FFmpeg's shared libraries (apt: ffmpeg)."""
+    try:
+        from torchcodec import _core
+
+        _core.get_ffmpeg_library_versions()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("qwen3vl") / "model", TINY["hd64"])
+
+
+@pytest.fixture(scope="module")
+def runs(dense, tmp_path_factory):
+    """Stock SGLang and the bridge on the same requests (images, and a video where SGLang can decode one)."""
+    tmp = tmp_path_factory.mktemp("engines")
+    requests = list(REQUESTS)
+    if sglang_decodes_video():
+        clip = write_clip(tmp / "clip.mp4")
+        requests.append({"prompt": video_prompt("What happens?"), "videos": [str(clip)]})
+    stock = run_engine(tmp, "stock", "torch", dense, requests)
+    return stock, run_engine(tmp, "jax", "jax", dense, requests)
+
+
+def run_engine(tmp: Path, name: str, backend_name: str, model: Path, requests: list[dict], **env) -> tuple:
+    """(results per request, tower calls traced) of one Engine run in its own process."""
+    spec, out, trace = tmp / f"{name}.json", tmp / f"{name}.out.json", tmp / f"{name}.trace.jsonl"
+    spec.write_text(json.dumps({"backend": backend_name, "model": str(model), "requests": requests}))
+    environ = {
+        **os.environ,
+        "SGLANG_CACHE_DIR": str(tmp / "sglang-cache"),
+        backend.TRACE_ENV: str(trace),
+        backend.WARMUP_ENV: "512",
+        **env,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "sglang_driver.py"), str(spec), str(out)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    calls = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+    return json.loads(out.read_text()), calls
+
+
+def assert_same_answers(got: list[dict], ref: list[dict]) -> None:
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert "error" not in g and "error" not in r, (i, g, r)
+        assert g["prompt_tokens"] == r["prompt_tokens"] and g["tokens"] == r["tokens"], (i, g, r)
+        np.testing.assert_allclose(g["logprobs"], r["logprobs"], atol=1e-4, err_msg=f"request {i}")
+        for step_g, step_r in zip(g["top"], r["top"], strict=True):
+            assert [a[1] for a in step_g] == [a[1] for a in step_r], (i, step_g, step_r)
+            np.testing.assert_allclose([a[0] for a in step_g], [a[0] for a in step_r], atol=1e-4)
+
+
+def test_engine_with_bridge_equals_stock_sglang_on_images(runs):
+    (stock, stock_calls), (got, calls) = runs
+    assert stock_calls == []  # SGLang's own tower: the bridge never ran
+    n = len(REQUESTS)
+    assert_same_answers(got[:n], stock[:n])
+    calls = [c for c in calls if c["grid_thw"][0][0] == 1]
+    # Each new image encoded once, when the first prefill chunk that touches it runs (so the second request's
+    # two images come in two calls); the repeated astronaut and the cached coffee are never re-encoded.
+    new = ["astronaut.jpg", "coffee.jpg", "chelsea.png", "rocket.jpg"]
+    expected = [preprocess_image(IMAGES / n, MIN_PIXELS, MAX_PIXELS)[1].tolist() for n in new]
+    assert [c["grid_thw"] for c in calls] == expected, calls
+    assert all(h * w // 4 > 32 for [[_, h, w]] in expected)  # every image spans several 32-token chunks
+    assert len({c["pid"] for c in calls}) == 1
+
+
+@pytest.mark.skipif(not sglang_decodes_video(), reason="SGLang's torchcodec needs FFmpeg's libraries (apt: ffmpeg)")
+def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
+    (stock, _), (got, calls) = runs
+    assert_same_answers(got[len(REQUESTS) :], stock[len(REQUESTS) :])
+    videos = [g for c in calls for g in c["grid_thw"] if g[0] > 1]
+    assert len(videos) == 1 and videos[0][0] >= 2, calls  # one video item, several temporal groups, encoded once
