@@ -1,0 +1,140 @@
+"""`python -m bridge.launch_server --mm-encoder-backend jax` as a real SGLang HTTP server on the CPU, beside
+stock `sglang.launch_server`: the same answers over `/v1/chat/completions` and `/generate`; a corrupt
+image is an error response and the server goes on; the encoder-only + language-only pair with the bridge
+on the encoder side; the launcher refuses what it cannot serve before SGLang starts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from conftest import TINY
+from qwen3vl_checkpoint import build
+from sglang_server import server
+from test_bridge_sglang import IMAGES, user_prompt
+
+from bridge import backend
+from bridge.launch_server import UsageError, pop_option, prepare
+
+
+def data_uri(path: Path) -> str:
+    kind = "png" if path.suffix == ".png" else "jpeg"
+    return f"data:image/{kind};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def chat(url: str, images: list[str], text: str) -> dict:
+    content = [{"type": "image_url", "image_url": {"url": u}} for u in images] + [{"type": "text", "text": text}]
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    return requests.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+
+
+def generate(url: str, images: list[str], text: str) -> dict:
+    body = {
+        "text": user_prompt(len(images), text),
+        "image_data": images,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        "return_logprob": True,
+    }
+    return requests.post(f"{url}/generate", json=body, timeout=120).json()
+
+
+def answers(url: str) -> list:
+    """What the tests compare: token ids/strings and log-probabilities of chat and generate requests."""
+    astronaut, coffee = data_uri(IMAGES / "astronaut.jpg"), data_uri(IMAGES / "coffee.jpg")
+    out = []
+    for images, text in (([astronaut], "Describe."), ([coffee, astronaut], "Compare.")):
+        c = chat(url, images, text)
+        steps = c["choices"][0]["logprobs"]["content"]
+        out.append([(s["token"], s["logprob"], [(t["token"], t["logprob"]) for t in s["top_logprobs"]]) for s in steps])
+    g = generate(url, [str(IMAGES / "chelsea.png")], "Name it.")
+    out.append([(t[1], t[0], []) for t in g["meta_info"]["output_token_logprobs"]])
+    return out
+
+
+def assert_same(got: list, ref: list) -> None:
+    for g, r in zip(got, ref, strict=True):
+        assert [s[0] for s in g] == [s[0] for s in r]
+        np.testing.assert_allclose([s[1] for s in g], [s[1] for s in r], atol=1e-4)
+        for sg, sr in zip(g, r, strict=True):
+            assert [t[0] for t in sg[2]] == [t[0] for t in sr[2]]
+            np.testing.assert_allclose([t[1] for t in sg[2]], [t[1] for t in sr[2]], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("qwen3vl-http") / "model", TINY["hd64"], seed=1)
+
+
+def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(dense, tmp_path):
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), backend.TRACE_ENV: str(tmp_path / "trace.jsonl"),
+           backend.WARMUP_ENV: "512"}  # fmt: skip
+    args = ["--model-path", str(dense)]
+    with server("sglang.launch_server", args, tmp_path / "stock.log", env) as url:
+        stock = answers(url)
+    assert not (tmp_path / "trace.jsonl").exists()
+    with server("bridge.launch_server", ["--mm-encoder-backend", "jax", *args], tmp_path / "jax.log", env) as url:
+        assert_same(answers(url), stock)
+        truncated = "data:image/jpeg;base64," + base64.b64encode((IMAGES / "coffee.jpg").read_bytes()[:300]).decode()
+        bad = requests.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": "default", "max_tokens": 2,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": truncated}}]}],
+        })  # fmt: skip
+        assert bad.status_code >= 400, bad.text
+        assert_same(answers(url), stock)  # served again (now from SGLang's per-image cache)
+    calls = [json.loads(line)["grid_thw"] for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    # SGLang's own warm-up request (a 64x64 image) first; then astronaut, coffee, chelsea, each encoded once:
+    # the second round and the repeated astronaut come from SGLang's per-image cache.
+    assert calls == [[[1, 4, 4]], [[1, 16, 16]], [[1, 12, 18]], [[1, 12, 18]]], calls
+
+
+def test_encoder_only_and_language_only_pair_with_the_bridge(dense, tmp_path):
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), backend.TRACE_ENV: str(tmp_path / "trace.jsonl"),
+           backend.WARMUP_ENV: "512"}  # fmt: skip
+    args = ["--model-path", str(dense)]
+    with server("sglang.launch_server", args, tmp_path / "stock.log", env) as url:
+        stock = answers(url)
+    encoder = ["--mm-encoder-backend", "jax", *args, "--encoder-only"]
+    with server("bridge.launch_server", encoder, tmp_path / "encoder.log", env) as enc_url:
+        language = [*args, "--language-only", "--encoder-urls", enc_url]
+        with server("sglang.launch_server", language, tmp_path / "language.log", env) as url:
+            assert_same(answers(url), stock)
+    calls = [json.loads(line)["grid_thw"] for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    # Every tower call ran on the encoder server (the servers' warm-up images aside): the encoder server keeps
+    # no per-image cache unless asked (--enable-prefix-mm-cache), so the second request encodes both images.
+    assert [c for c in calls if c != [[1, 4, 4]]] == [[[1, 16, 16]], [[1, 12, 18], [1, 16, 16]], [[1, 12, 18]]]
+
+
+def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_path, monkeypatch):
+    for var in (backend.BACKEND_ENV, backend.PACKAGE_ENV, backend.VLM_CACHE_ENV, *backend.XLA_MEMORY_ENVS):
+        monkeypatch.delenv(var, raising=False)
+    args = ["--mm-encoder-backend=jax", "--model-path", str(dense), "--port", "1"]
+    assert prepare(args) == ["--model-path", str(dense), "--port", "1"]
+    import os
+
+    assert os.environ[backend.PACKAGE_ENV] == "bridge.sglang_models"
+    assert os.environ[backend.VLM_CACHE_ENV] == "4096" and os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert pop_option(["--model", "m", "--model-path=x"], ["--model-path", "--model"], remove=False) == "x"
+    with pytest.raises(UsageError, match=r"--mm-encoder-backend 'tensorflow': expected one of jax, torch"):
+        prepare(["--mm-encoder-backend", "tensorflow", "--model-path", str(dense)])
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(UsageError, match=r"\['LlamaForCausalLM'\] is not Qwen3-VL; --mm-encoder-backend jax serves"):
+        prepare(["--mm-encoder-backend", "jax", "--model-path", str(other)])
+    # The same refusal from the command line: exit 2 and one line, before SGLang starts.
+    proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--model-path", str(other)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.startswith("bridge.launch_server: error:"), proc.stderr
