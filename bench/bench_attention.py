@@ -1,25 +1,44 @@
-"""Segment-masked attention on one GPU: correctness of the paths against each other, and their speed.
+"""Segment-masked attention on one GPU: each path's accuracy against the fp32 reference, and its speed.
 
-Times vitjax's `cudnn_packed` and `cudnn_padded` on ~100k-token packed sequences (20 frames of 4800
-tokens, as 20 photos of 960x1280) for head_dim 72 (8B) and 64 (2B); the cost of unused segment slots
-(bucket M larger than the frames present); and head_dim 72 zero-padded to 80/96/128 (cuDNN has native
-kernels for some head dims). Prints one JSON object per measurement.
+The Qwen3-VL workloads of the tower's buckets, 16 heads, forward, bf16: 20 frames of 4800 tokens (20 photos of
+960x1280, bucket 98,304 tokens / 64 slots), 20 mixed frames of 3584..5712 (98,304 / 32) and one 720p frame of
+3520 (bucket 3584 / 1). Every path that runs here (`fa4` where fa4-jax is installed on Hopper, `cudnn_packed`,
+`cudnn_padded`) is timed in the same process, in two alternating rounds (their spread is the noise), and checked
+on each workload against `reference` (fp32 scores and softmax): max abs error and ||out - ref|| / ||ref|| over the
+real rows. The correctness cases add odd frame sizes, a 2x2 frame, unused slots, tail padding and NaN in the
+padding rows (real rows must not see it). `--sweep` also runs the earlier studies: the cost of unused segment
+slots, and head_dim 72 zero-padded to 80/96/128 for cuDNN.
 
-    PYTHONPATH=. python bench/bench_attention.py
+    PYTHONPATH=. python bench/bench_attention.py [--impls fa4,cudnn_packed] [--head-dims 72,64] [--sweep]
+
+One JSON object per line, also appended to bench/results/<device>-<date>.jsonl; a short table last.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib.metadata
 import json
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_vit import versions  # bench/ is on sys.path when run as a script
 
 from vitjax import attention, layout
 
 HEADS = 16
+MIXED = [(1, 56, 64 + 2 * i) for i in range(20)]  # 3584 .. 5712 tokens per frame, 92,960
+# name: (grids, bucket tokens, segment slots)
+CASES = {
+    "20x4800": ([(1, 80, 60)] * 20, 98304, 64),
+    "20xmixed": (MIXED, 98304, 32),
+    "1x3520": ([(1, 44, 80)], 3584, 1),
+}
+PACKAGES = ("fa4-jax", "cutejax", "nvidia-cutlass-dsl", "jax-tvm-ffi", "apache-tvm-ffi")
 
 
 def segments(grids, tokens, slots, max_length=0) -> attention.Segments:
@@ -48,57 +67,144 @@ def pipelined_ms(fn, *args, reps: int = 50) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
-def correctness() -> None:
-    """Odd frame sizes, unused slots and tail padding: both cuDNN paths against the fp32 reference."""
-    grids = [(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)]
-    tokens, slots = 6144, 8
-    for dim in (72, 64):
-        rng = np.random.default_rng(dim)
-        q, k, v = (jnp.asarray(rng.standard_normal((tokens, HEADS, dim)), jnp.bfloat16) for _ in range(3))
-        seg = segments(grids, tokens, slots, max_length=4096)
+def available(impls: list[str]) -> list[str]:
+    runs = {"fa4": attention.fa4_available, "cudnn_packed": attention.cudnn_packed_available}
+    return [i for i in impls if runs.get(i, lambda: True)()]
+
+
+def random_qkv(seed: int, tokens: int, dim: int) -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal((tokens, HEADS, dim)), jnp.bfloat16) for _ in range(3))
+
+
+def errors(got: jax.Array, ref: np.ndarray, real: np.ndarray) -> dict:
+    diff = np.asarray(got, np.float32)[real] - ref[real]
+    return {
+        "max_abs_err": float(np.abs(diff).max()),
+        "rel_l2_err": float(np.linalg.norm(diff) / np.linalg.norm(ref[real])),
+        "finite": bool(np.isfinite(diff).all()),
+    }
+
+
+def run_fn(impl: str, seg: attention.Segments):
+    return jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))
+
+
+def correctness(impls: list[str], dims: list[int], emit) -> None:
+    """Odd frames, a 2x2 frame, unused slots, tail padding; one frame in a one-slot bucket; then NaN padding."""
+    for dim in dims:
+        for n, (grids, slots) in enumerate(
+            [([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 8), ([(1, 44, 80)], 1)]
+        ):
+            tokens = 6144
+            q, k, v = random_qkv(100 * dim + n, tokens, dim)
+            seg = segments(grids, tokens, slots, max_length=4096)
+            real = np.asarray(seg.ids) >= 0
+            ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
+            poison = jnp.asarray(~real)[:, None, None]
+            nan_qkv = [jnp.where(poison, jnp.nan, x) for x in (q, k, v)]
+            for impl in impls:
+                fn = run_fn(impl, seg)
+                row = {"check": "attention", "impl": impl, "head_dim": dim, "frames": len(grids), "slots": slots}
+                emit({**row, **errors(fn(q, k, v), ref, real)})
+                emit({**row, "padding": "nan", **errors(fn(*nan_qkv), ref, real)})
+
+
+def speed(impls: list[str], dims: list[int], emit) -> None:
+    """Each workload: the fp32 reference once, then every path in two alternating rounds."""
+    for name, (grids, tokens, slots) in CASES.items():
+        useful = sum(t * (h * w) ** 2 for t, h, w in grids)
+        longest = max(h * w for _, h, w in grids)
+        seg = segments(grids, tokens, slots, max_length=-(-longest // 128) * 128)
         real = np.asarray(seg.ids) >= 0
-        ref = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, v, seg, "reference"), np.float32)
-        for impl in ("cudnn_packed", "cudnn_padded"):
-            got = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, v, seg, impl), np.float32)
-            err = float(np.abs(got[real] - ref[real]).max())
-            print(json.dumps({"check": "attention", "impl": impl, "head_dim": dim, "max_abs_err": err}), flush=True)
+        for dim in dims if name == "20x4800" else dims[:1]:
+            q, k, v = random_qkv(dim, tokens, dim)
+            ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
+            fns = {impl: run_fn(impl, seg) for impl in impls}
+            acc = {impl: errors(fn(q, k, v), ref, real) for impl, fn in fns.items()}
+            for rnd in (1, 2):
+                for impl, fn in fns.items():
+                    t = timed(fn, q, k, v)
+                    ms = pipelined_ms(fn, q, k, v)
+                    row = {"bench": "attention", "frames": name, "impl": impl, "head_dim": dim, "slots": slots}
+                    row.update(round=rnd, ms=round(t * 1e3, 3), ms_pipelined=round(ms, 3))
+                    row.update(tflops=round(4 * HEADS * dim * useful / t / 1e12, 1))
+                    row.update(tflops_pipelined=round(4 * HEADS * dim * useful / ms / 1e9, 1), **acc[impl])
+                    emit(row)
+            del ref
 
 
-def speed() -> None:
-    frames = [(1, 80, 60)] * 20  # 96,000 tokens
-    mixed = [(1, 56, 64 + 2 * i) for i in range(20)]  # 3584 .. 5712 tokens per frame, 92,960
-    tokens = 98304
-    for name, grids in (("20x4800", frames), ("20xmixed", mixed)):
+def sweep(emit) -> None:
+    """The first session's studies: unused segment slots, and cuDNN with head_dim 72 zero-padded."""
+    for name in ("20x4800", "20xmixed"):
+        grids, tokens, _ = CASES[name]
         useful = sum((h * w) ** 2 for _, h, w in grids)
+        longest = max(h * w for _, h, w in grids)
         for dim in (72, 64):
-            rng = np.random.default_rng(0)
-            q, k, v = (jnp.asarray(rng.standard_normal((tokens, HEADS, dim)), jnp.bfloat16) for _ in range(3))
+            q, k, v = random_qkv(0, tokens, dim)
             for slots in (20, 32, 64, 256) if name == "20x4800" else (32,):
                 for impl in ("cudnn_packed", "cudnn_padded"):
-                    longest = max(h * w for _, h, w in grids)
                     seg = segments(grids, tokens, slots, max_length=-(-longest // 128) * 128)
-                    fn = jax.jit(attention.attention, static_argnums=4)
-                    t = timed(fn, q, k, v, seg, impl)
-                    tflops = 4 * HEADS * dim * useful / t / 1e12
-                    row = {"bench": "attention", "frames": name, "impl": impl, "head_dim": dim, "slots": slots}
-                    print(json.dumps({**row, "ms": round(t * 1e3, 3), "tflops": round(tflops, 1)}), flush=True)
-        rng = np.random.default_rng(0)
-        q, k, v = (jnp.asarray(rng.standard_normal((tokens, HEADS, 72)), jnp.bfloat16) for _ in range(3))
+                    t = timed(run_fn(impl, seg), q, k, v)
+                    row = {"bench": "attention_slots", "frames": name, "impl": impl, "head_dim": dim, "slots": slots}
+                    emit({**row, "ms": round(t * 1e3, 3), "tflops": round(4 * HEADS * dim * useful / t / 1e12, 1)})
+        q, k, v = random_qkv(0, tokens, 72)
         seg = segments(grids, tokens, 32)
         for padded_dim in (80, 96, 128):
 
-            def padded(q, k, v, seg, padded_dim=padded_dim):
+            def padded(q, k, v, seg=seg, padded_dim=padded_dim):
                 pad = ((0, 0), (0, 0), (0, padded_dim - 72))
                 qp, kp, vp = (jnp.pad(x, pad) for x in (q * (padded_dim / 72) ** 0.5, k, v))
                 return attention.attention(qp, kp, vp, seg, "cudnn_packed")[..., :72]
 
-            t = timed(jax.jit(padded), q, k, v, seg)
-            tflops = 4 * HEADS * 72 * useful / t / 1e12
-            row = {"bench": "attention", "frames": name, "impl": f"cudnn_packed_pad{padded_dim}", "head_dim": 72}
-            print(json.dumps({**row, "slots": 32, "ms": round(t * 1e3, 3), "tflops": round(tflops, 1)}), flush=True)
+            t = timed(jax.jit(padded), q, k, v)
+            row = {"bench": "attention_pad", "frames": name, "impl": f"cudnn_packed_pad{padded_dim}", "head_dim": 72}
+            emit({**row, "slots": 32, "ms": round(t * 1e3, 3), "tflops": round(4 * HEADS * 72 * useful / t / 1e12, 1)})
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'frames':<10}{'hd':>4}{'impl':>14}{'ms':>9}{'TF/s':>7}{'pipelined':>11}{'TF/s':>7}{'max err':>9}"]
+    for r in rows:
+        if r.get("bench") == "attention":
+            lines.append(
+                f"{r['frames']:<10}{r['head_dim']:>4}{r['impl']:>14}{r['ms']:>9.3f}{r['tflops']:>7.0f}"
+                f"{r['ms_pipelined']:>11.3f}{r['tflops_pipelined']:>7.0f}{r['max_abs_err']:>9.4f}"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impls", default="fa4,cudnn_packed,cudnn_padded", help="paths to run, where they can")
+    ap.add_argument("--head-dims", default="72,64", help="the first is timed on every workload, the rest on 20x4800")
+    ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    meta = {**versions(), "script": "bench_attention"}
+    for name in PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            meta[name] = importlib.metadata.version(name)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    out_file = out / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        line = json.dumps({**meta, **row})
+        print(line, flush=True)
+        with out_file.open("a") as f:
+            f.write(line + "\n")
+
+    impls = available(args.impls.split(","))
+    dims = [int(d) for d in args.head_dims.split(",")]
+    emit({"phase": "start", "impls": impls})
+    correctness(impls, dims, emit)
+    speed(impls, dims, emit)
+    if args.sweep:
+        sweep(emit)
+    print(table(rows), flush=True)
 
 
 if __name__ == "__main__":
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}), flush=True)
-    correctness()
-    speed()
+    main()

@@ -209,12 +209,13 @@ def run_vitjax(
     policy=None,
     devices: int = 1,
     sequence_parallel: int = 1,
+    attention: str | None = None,
 ) -> dict:
     """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
     `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
-    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy, **parallel)
+    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy, attention=attention, **parallel)
     emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention, **parallel})
     engine = enc.parallel.engines[0]
     compiled: dict = {}
@@ -245,6 +246,7 @@ def run_vitjax(
         stats = jax.devices()[0].memory_stats() or {}
         row = {
             "impl": "vitjax",
+            "attention": enc.attention,
             **parallel,
             "workload": name,
             "images": len(grids),
@@ -305,8 +307,10 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, devices, workload): a later run of the same day supersedes an earlier one."""
-    return list({(r.get("impl"), _gpus(r), r.get("workload")): r for r in rows if r.get("impl")}.values())
+    """The last row of each (impl, attention, devices, workload): a later run of the same day supersedes an earlier
+    one."""
+    keys = {(r.get("impl"), r.get("attention"), _gpus(r), r.get("workload")): r for r in rows if r.get("impl")}
+    return list(keys.values())
 
 
 def _gpus(row: dict) -> str:
@@ -319,8 +323,8 @@ def table(rows: list[dict]) -> str:
     rows = latest(rows)
     hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
     lines = [
-        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'vitjax ms':>11}{'TF/s':>7}{'dev ms':>9}"
-        f"{'x HF':>7}"
+        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>14}{'vitjax ms':>11}"
+        f"{'TF/s':>7}{'dev ms':>9}{'x HF':>7}"
     ]
     for r in rows:
         if r.get("impl") != "vitjax":
@@ -329,7 +333,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         lines.append(
-            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}"
+            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{r.get('attention', ''):>14}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
         )
     return "\n".join(lines)
@@ -376,6 +380,7 @@ def main() -> None:
     ap.add_argument(
         "--devices", default="1", help="vitjax runs: device counts, 'spN' for N devices in one Ulysses group: 1,2,sp2"
     )
+    ap.add_argument("--attention", help="vitjax runs: attention paths, comma-separated (default: the automatic one)")
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:
@@ -412,7 +417,9 @@ def main() -> None:
     for spec in args.devices.split(","):
         n = int(spec.removeprefix("sp"))
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
-        infos[spec] = run_vitjax(cfg, weights, items, pool, emit, not args.no_parts, policy, **parallel)
+        for impl in args.attention.split(",") if args.attention else [None]:
+            parts = not args.no_parts
+            infos[spec] = run_vitjax(cfg, weights, items, pool, emit, parts, policy, **parallel, attention=impl)
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
     print(table(rows), flush=True)

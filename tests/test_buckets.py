@@ -177,6 +177,53 @@ def test_default_implementation(monkeypatch):
     assert attention.cudnn_packed_available() is False
 
 
+def test_select_implementation():
+    """The automatic choice: fa4 only on all-Hopper devices with a verified fa4-jax; cuDNN packed on Hopper or newer
+    with a usable entry point; the padded cuDNN path on other GPUs; XLA off the GPU."""
+    fa4 = attention.FA4_VERIFIED[0]
+    select = attention.select_implementation
+    assert select("cpu", [], fa4, True) == "reference"
+    assert select("gpu", ["9.0"], fa4, True) == "fa4"
+    assert select("gpu", ["9.0", "9.0"], fa4, False) == "fa4"
+    assert select("gpu", ["9.0"], None, True) == "cudnn_packed"  # not installed: cuDNN is the fallback
+    assert select("gpu", ["9.0"], "0.0.1", True) == "cudnn_packed"  # a release nobody checked
+    assert select("gpu", ["10.0"], fa4, True) == "cudnn_packed"  # Blackwell: fa4 not measured there
+    assert select("gpu", ["9.0", "8.0"], fa4, True) == "cudnn_padded"  # one Ampere device rules both out
+    assert select("gpu", ["8.6"], fa4, True) == "cudnn_padded"
+    assert select("gpu", ["9.0"], None, False) == "cudnn_padded"
+
+
+def test_fa4_needs_its_package():
+    if attention.fa4_version() is not None:
+        pytest.skip("fa4-jax is installed here")
+    assert attention.fa4_available() is False
+    with pytest.raises(ValueError, match="fa4-jax"):
+        attention.check_implementation("fa4")
+
+
+@pytest.mark.parametrize(
+    "grids, expected",
+    [
+        ([(1, 4, 6), (2, 2, 4), (1, 6, 6)], [0, 24, 32, 40, 128, 128, 128, 128, 128]),
+        ([(1, 4, 6)] * 8, [0, 24, 48, 72, 96, 120, 144, 168, 192]),  # every slot used, no tail padding
+        ([], [0] + [128] * 8),  # nothing to attend: every slot empty
+    ],
+)
+def test_cu_seqlens(grids, expected):
+    """fa4's segment boundaries: slot b covers [cu[b], cu[b+1]) and attends over its first lengths[b] tokens, which
+    must be exactly the tokens of frame b (the tail padding sits in the last frame's slot, past its length)."""
+    tokens = max(128, sum(layout.grid_tokens(g) for g in grids))
+    packed = layout.pack(grids, tokens, 8)
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]))
+    cu = np.asarray(attention.cu_seqlens(seg, tokens))
+    assert cu.dtype == np.int32 and cu.tolist() == expected
+    covered = np.full(tokens, -1)
+    for b, length in enumerate(packed.segment_lengths):
+        assert cu[b] + length <= cu[b + 1]
+        covered[cu[b] : cu[b] + length] = b
+    np.testing.assert_array_equal(covered, packed.segment_ids)
+
+
 def test_compilation_cache_directory(monkeypatch, tmp_path):
     before = jax.config.jax_compilation_cache_dir
     try:

@@ -5,9 +5,9 @@ Skipped without an NVIDIA GPU. The shared conftest pins JAX to the CPU unless to
     JAX_PLATFORMS=cuda python -m pytest -m gpu tests/test_gpu_parity.py -s
 
 Per image: cosine similarity and mean abs error of vitjax bf16 against HF fp32, beside HF's own bf16
-against its fp32 (the gap bf16 itself costs); and the three attention paths against each other, both
-on raw attention (head_dim 72 and 64) and through the whole tower; with two GPUs, the data-parallel
-encoder (its images split over both) and the Ulysses one (every call's tokens split over both) too.
+against its fp32 (the gap bf16 itself costs); and the attention paths against each other (fa4 where fa4-jax
+is installed on Hopper), both on raw attention (head_dim 72 and 64) and through the whole tower; with two GPUs,
+the data-parallel encoder (its images split over both) and the Ulysses one (every call's tokens split over both) too.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def towers(tmp_path_factory):
     encoders = {
         impl: vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", attention=impl)
         for impl in attention.IMPLEMENTATIONS
-        if impl != "cudnn_packed" or attention.cudnn_packed_available()
+        if _runs(impl)
     }
     if len(jax.devices()) >= 2:  # data parallel: the 720p frame on one GPU, the three others on the second
         encoders["2 GPUs"] = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", devices=2)
@@ -72,6 +72,13 @@ def towers(tmp_path_factory):
         ulysses = {"devices": 2, "sequence_parallel": 2}
         encoders["Ulysses 2"] = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", **ulysses)
     return cfg, hf, hf32, encoders
+
+
+def _runs(impl: str) -> bool:
+    """Whether this attention path can run here (cudnn_padded and the XLA reference run on any GPU)."""
+    if impl == "cudnn_packed":
+        return attention.cudnn_packed_available()
+    return attention.fa4_available() if impl == "fa4" else True
 
 
 def _hf(model, pixels: np.ndarray, dtype) -> np.ndarray:
@@ -127,8 +134,7 @@ def test_attention_paths_agree(head_dim, grids, slots):
     run = jax.jit(attention.attention, static_argnums=4)
     ref = np.asarray(run(q, k, v, seg, "reference"), np.float32)
     real = packed.segment_ids >= 0
-    impls = ["cudnn_padded"] + (["cudnn_packed"] if attention.cudnn_packed_available() else [])
-    for impl in impls:
+    for impl in [i for i in attention.IMPLEMENTATIONS if i != "reference" and _runs(i)]:
         got = np.asarray(run(q, k, v, seg, impl), np.float32)
         err = float(np.abs(got[real] - ref[real]).max())
         print(f"attention head_dim {head_dim} slots {slots} {impl}: max abs error {err:.4f} against fp32 reference")

@@ -5,6 +5,10 @@ All implementations share one signature so the tower never knows which one runs:
 host layout. Padding tokens (segment id -1) are never attended by real tokens; their own outputs are
 unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller.
 
+- `fa4`: FlashAttention-4's Hopper (SM90) forward from the `fa4-jax` package (optional extra `fa4`) on the packed
+  sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy).
+  The default on Hopper where installed (`bench/NOTES.md` has the measurements), pinned like the cuDNN entry
+  point to the release it was checked on.
 - `cudnn_packed`: cuDNN flash attention on the packed `[1, T, heads, head_dim]` sequence with per-segment
   offsets and lengths (its ragged "THD" layout). Only JAX's private cuDNN module exposes offsets, so the
   import is guarded and pinned to the JAX versions it was verified on.
@@ -17,16 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
 import os
 import warnings
 
 import jax
 import jax.numpy as jnp
 
-IMPLEMENTATIONS = ("cudnn_packed", "cudnn_padded", "reference")
+IMPLEMENTATIONS = ("fa4", "cudnn_packed", "cudnn_padded", "reference")
 ENV_VAR = "VITJAX_ATTENTION"
 # JAX releases on which the private packed entry point was run and checked against the reference on a GPU.
 CUDNN_PACKED_VERIFIED = ("0.11.2",)
+# fa4-jax releases whose Hopper kernel was run and checked against the reference on a GPU.
+FA4_VERIFIED = ("0.1.0",)
 
 
 @functools.partial(
@@ -60,29 +67,67 @@ def _packed_entry():
     return dot_product_attention, MaskType
 
 
+def fa4_version() -> str | None:
+    """The installed fa4-jax release, or None."""
+    try:
+        return importlib.metadata.version("fa4-jax")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _capabilities() -> list[str]:
+    return [str(getattr(d, "compute_capability", "0")) for d in jax.local_devices()]
+
+
+def select_implementation(backend: str, capabilities: list[str], fa4_release: str | None, packed_entry: bool) -> str:
+    """The default path from the facts: fa4 where every device is a Hopper GPU (9.x, the kernel family that was
+    measured) and a verified fa4-jax is installed; else cuDNN packed on Hopper or newer where JAX's private entry
+    point is usable (`packed_entry`); else cuDNN over a padded batch on GPUs; XLA elsewhere."""
+    if backend != "gpu":
+        return "reference"
+    hopper = bool(capabilities) and all(c.split(".")[0] == "9" for c in capabilities)
+    if hopper and fa4_release in FA4_VERIFIED:
+        return "fa4"
+    if packed_entry and capabilities and all(float(c) >= 9.0 for c in capabilities):
+        return "cudnn_packed"
+    return "cudnn_padded"
+
+
 @functools.cache
-def cudnn_packed_available() -> bool:
-    """True on Hopper-or-newer GPUs with a JAX release the packed path was verified on."""
+def _auto() -> str:
     if jax.default_backend() != "gpu":
-        return False
-    if _packed_entry() is None:
+        return "reference"
+    found, entry = fa4_version(), _packed_entry() is not None
+    impl = select_implementation("gpu", _capabilities(), found, entry)
+    if found is not None and found not in FA4_VERIFIED:
+        warnings.warn(
+            f"fa4 attention is verified with fa4-jax {', '.join(FA4_VERIFIED)} only (found {found})", stacklevel=3
+        )
+    if impl == "cudnn_padded" and not entry:
         warnings.warn(
             f"cuDNN packed attention is verified on JAX {', '.join(CUDNN_PACKED_VERIFIED)} only (found "
             f"{jax.__version__}); using the padded-batch cuDNN path instead",
-            stacklevel=2,
+            stacklevel=3,
         )
-        return False
-    return all(float(getattr(d, "compute_capability", "0")) >= 9.0 for d in jax.local_devices())
+    return impl
 
 
 def default_implementation() -> str:
-    """`$VITJAX_ATTENTION` if set; on GPUs the packed cuDNN path where usable, else the padded one; else XLA."""
+    """`$VITJAX_ATTENTION` if set, else `select_implementation` for this process's devices and packages."""
     chosen = os.environ.get(ENV_VAR)
-    if chosen:
-        return check_implementation(chosen)
-    if jax.default_backend() != "gpu":
-        return "reference"
-    return "cudnn_packed" if cudnn_packed_available() else "cudnn_padded"
+    return check_implementation(chosen) if chosen else _auto()
+
+
+def cudnn_packed_available() -> bool:
+    """True on Hopper-or-newer GPUs with a JAX release the packed path was verified on."""
+    gpu = jax.default_backend() == "gpu"
+    return gpu and select_implementation("gpu", _capabilities(), None, _packed_entry() is not None) == "cudnn_packed"
+
+
+def fa4_available() -> bool:
+    """True on Hopper GPUs with a verified fa4-jax installed."""
+    gpu = jax.default_backend() == "gpu"
+    return gpu and select_implementation("gpu", _capabilities(), fa4_version(), False) == "fa4"
 
 
 def check_implementation(impl: str) -> str:
@@ -90,6 +135,8 @@ def check_implementation(impl: str) -> str:
         raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
     if impl == "cudnn_packed" and _packed_entry() is None:
         raise ValueError(f"cudnn_packed needs JAX {' or '.join(CUDNN_PACKED_VERIFIED)} (found {jax.__version__})")
+    if impl == "fa4" and fa4_version() is None:
+        raise ValueError("attention 'fa4' needs the fa4-jax package: pip install 'vitjax[fa4]'")
     return impl
 
 
@@ -105,6 +152,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl
         qkv = jax.lax.all_to_all(jnp.stack([q, k, v]), axis, split_axis=2, concat_axis=1, tiled=True)
         out = attention(*qkv, dataclasses.replace(segments, seq_axis=None), impl)
         return jax.lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
+    if impl == "fa4":
+        return _fa4(q, k, v, segments)
     if impl == "cudnn_packed":
         return _cudnn_packed(q, k, v, segments)
     if impl == "cudnn_padded":
@@ -138,6 +187,25 @@ def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) 
         **packed,
     )
     return out[0]
+
+
+def cu_seqlens(segments: Segments, tokens: int) -> jax.Array:
+    """`[M+1]` segment boundaries in the flash-attention "varlen" form: 0, the starts of slots 1..M-1, then T.
+
+    Unused slots start at T, so they are empty; the last frame's slot runs on over the tail padding, which its
+    used length (`segments.lengths`) leaves out. Slot 0 always starts at 0 (even when unused: then it is empty
+    by its length).
+    """
+    zero, end = jnp.zeros((1,), jnp.int32), jnp.full((1,), tokens, jnp.int32)
+    return jnp.concatenate([zero, segments.starts[1:].astype(jnp.int32), end])
+
+
+def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
+    """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten."""
+    from fa4_jax import flash_attn_varlen
+
+    cu = cu_seqlens(segments, q.shape[0])
+    return flash_attn_varlen(q, k, v, cu, cu, seqused_q=segments.lengths, seqused_k=segments.lengths)
 
 
 def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, implementation: str) -> jax.Array:
