@@ -26,7 +26,7 @@ for step in $STEPS; do
 print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torch.__version__,
       transformers.__version__, matplotlib.__version__)"' ;;
     parity) run parity 150 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
-    attention) run attention 80 python3 bench/bench_attention.py ;;
+    attention) run attention 200 python3 bench/bench_attention.py --sweep --out "$OUT/results" ;;
     gemm) run gemm 150 python3 bench/bench_gemm.py ;;
     block) run block 200 python3 bench/bench_block.py ;;
     vit) run vit 250 python3 bench/bench_vit.py --out "$OUT/results" ;;
