@@ -3,6 +3,7 @@
 from vitjax.config import VisionConfig
 from vitjax.encoder import Encoded, Encoder
 from vitjax.images import ImageInputError
+from vitjax.video import Video, VideoInputError
 
 __version__ = "0.1.0"
-__all__ = ["Encoded", "Encoder", "ImageInputError", "VisionConfig", "__version__"]
+__all__ = ["Encoded", "Encoder", "ImageInputError", "Video", "VideoInputError", "VisionConfig", "__version__"]

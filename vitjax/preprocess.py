@@ -1,4 +1,4 @@
-"""Qwen3-VL image preprocessing on the CPU, bit-identical to HF transformers 5.23.
+"""Qwen3-VL image and video preprocessing on the CPU, bit-identical to HF transformers 5.x.
 
 The oracle is `transformers.models.qwen2_vl.image_processing_pil_qwen2_vl.Qwen2VLImageProcessorPil` with
 the Qwen3-VL settings (patch 16, merge 2, temporal 2, mean = std = 0.5, 65,536..16,777,216 pixels,
@@ -7,22 +7,37 @@ bicubic, convert to RGB). Its steps: `smart_resize`; PIL bicubic resize on uint8
 with the frame repeated `temporal_patch_size` times. Rescale and normalize depend only on the uint8 value,
 so they are one lookup in a 256-entry table computed with HF's exact arithmetic: bit-identical by
 construction, and cheaper than float math on every value.
+
+Videos follow `transformers.models.qwen3_vl.video_processing_qwen3_vl.Qwen3VLVideoProcessor` with its
+defaults: frames sampled as `vitjax.video` says; one size for all frames from the video `smart_resize`
+(the pixel budget counts every frame) after the per-frame cap of the reference implementation
+(qwen-vl-utils, HF's `cap_pixels_per_frame=True`, its default from transformers 5.22); torchvision's uint8
+bicubic resize (`vitjax.resize`, exact); HF's fused rescale+normalize `(x - 127.5) / 127.5` in float32
+(a few values differ from the image table by an ulp); frames paired along time, the last one repeated
+when the count is odd.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import ml_dtypes
 import numpy as np
 from PIL import Image
 
 from vitjax.images import ImageInputError, input_name, load_image
+from vitjax.resize import resize_bicubic
+from vitjax.video import MAX_FRAMES, MIN_FRAMES, Video, VideoInputError, load_video
 
 MAX_ASPECT_RATIO = 200
 # Qwen3-VL's preprocessor_config.json: shortest_edge / longest_edge, in pixels of area.
 MIN_PIXELS, MAX_PIXELS = 65536, 16777216
 IMAGE_MEAN = IMAGE_STD = 0.5
+# Qwen3VLVideoProcessor.size: shortest_edge / longest_edge, in pixels summed over all frames; and its
+# per-frame cap in tokens of 32x32 pixels (`max_video_tokens`).
+VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS = 128 * 32 * 32, 768 * 32 * 32
+MAX_VIDEO_TOKENS = 768
 
 
 def smart_resize(
@@ -58,9 +73,33 @@ def _normalized_table() -> np.ndarray:
     return (rescaled - mean) / std
 
 
+def _video_table() -> np.ndarray:
+    """The same for video frames: HF's video processors fold the rescale into mean and std (127.5 each, float32)
+    and run torchvision's `normalize`, `(x - mean) / std` in float32."""
+    scaled = np.float32(IMAGE_MEAN * 255)
+    return (np.arange(256, dtype=np.float32) - scaled) / np.float32(IMAGE_STD * 255)
+
+
+def _tables(table: np.ndarray) -> dict[np.dtype, np.ndarray]:
+    # bfloat16 rows are HF's float32 values rounded once, as HF's model does to pixel_values before its conv.
+    return {np.dtype(np.float32): table, np.dtype(ml_dtypes.bfloat16): table.astype(ml_dtypes.bfloat16)}
+
+
 _TABLE = _normalized_table()
-# bfloat16 rows are HF's float32 values rounded once, as HF's model does to pixel_values before its conv.
-_TABLES = {np.dtype(np.float32): _TABLE, np.dtype(ml_dtypes.bfloat16): _TABLE.astype(ml_dtypes.bfloat16)}
+_TABLES = _tables(_TABLE)
+_VIDEO_TABLES = _tables(_video_table())
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
+    """`out` checked against the rows' shape, or a new float32 array."""
+    if out is None:
+        return np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype not in _TABLES or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous float32 or bfloat16 array of shape {list(shape)}, "
+            f"got {out.dtype} {list(out.shape)}"
+        )
+    return out
 
 
 def preprocess_image(
@@ -91,14 +130,7 @@ def preprocess_image(
     # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): merge-window order, channels first
     windows = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
     levels = np.ascontiguousarray(windows).reshape(grid_h * grid_w, 3, 1, p * p)
-    shape = (grid_h * grid_w, 3 * temporal_patch_size * p * p)
-    if out is None:
-        out = np.empty(shape, np.float32)
-    elif out.shape != shape or out.dtype not in _TABLES or not out.flags.c_contiguous:
-        raise ValueError(
-            f"out must be a C-contiguous float32 or bfloat16 array of shape {list(shape)}, "
-            f"got {out.dtype} {list(out.shape)}"
-        )
+    out = _output(out, (grid_h * grid_w, 3 * temporal_patch_size * p * p))
     frame = np.take(_TABLES[out.dtype], levels, mode="clip")  # uint8 indices are always in range
     out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = frame
     return out, np.array([[1, grid_h, grid_w]], dtype=np.int64)
@@ -112,3 +144,104 @@ def resized_size(
         return smart_resize(image.height, image.width, factor, min_pixels, max_pixels)
     except ValueError as e:
         raise ImageInputError(name or input_name(image), str(e)) from e
+
+
+def video_resized_size(
+    num_frames: int,
+    height: int,
+    width: int,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    cap_pixels_per_frame: bool = True,
+    factor: int = 32,
+    temporal_factor: int = 2,
+) -> tuple[int, int]:
+    """(height, width) every frame of a `num_frames`-frame video is resized to: HF's `Qwen3VLVideoProcessor.resize`.
+
+    With `cap_pixels_per_frame` the budget is first limited to `MAX_VIDEO_TOKENS` tokens per frame or an even
+    share of `max_pixels` per frame, whichever is smaller, but at least 1.05 x `min_pixels` per frame. Then
+    HF's video `smart_resize`: sides shorter than `factor` are scaled up (truncating), the aspect ratio must
+    stay within 200, sides round (half to even) to multiples of `factor`, and the area times the frame
+    count is brought into [min_pixels, max_pixels]. Raises ValueError for fewer than `temporal_factor`
+    frames or too extreme an aspect ratio, as HF does.
+    """
+    if cap_pixels_per_frame:
+        per_frame = max(min(MAX_VIDEO_TOKENS * factor * factor, max_pixels // num_frames), int(min_pixels * 1.05))
+        max_pixels = per_frame * num_frames
+    if num_frames < temporal_factor:
+        raise ValueError(
+            f"a video needs at least {temporal_factor} frames (one temporal patch), got {num_frames}; "
+            "encode a single frame as an image"
+        )
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    ratio = max(height, width) / min(height, width)
+    if ratio > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"aspect ratio {ratio:.4g} ({height}x{width}, height x width) exceeds the limit of "
+            f"{MAX_ASPECT_RATIO} that Qwen-VL preprocessing accepts"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def preprocess_video(
+    video: object,
+    *,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    video_fps: float | None = None,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    cap_pixels_per_frame: bool = True,
+    min_frames: int = MIN_FRAMES,
+    max_frames: int = MAX_FRAMES,
+    patch_size: int = 16,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    name: str | None = None,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One video -> (pixel_values [t*h*w, 3*T*P*P] float32, grid_thw [1, 3]), as HF's `Qwen3VLVideoProcessor`.
+
+    `video` is a `Video`, a path to a video file, a uint8 array `[T, H, W, 3]` or a list of frames. A file
+    is sampled at `fps` (default 2) or to `num_frames`; an array or list is used frame by frame unless
+    `fps` or `num_frames` is given (`video_fps`: its frame rate, default 24 as HF assumes). A `Video`
+    carries these settings itself. Rows are patches, temporal groups outermost and merge windows inside;
+    columns (channel, frame of the pair, row, col). Errors are `VideoInputError`s naming the input. `out`
+    as for `preprocess_image`.
+    """
+    if not isinstance(video, Video):
+        video = Video(video, fps=fps, num_frames=num_frames, video_fps=video_fps)
+    elif (fps, num_frames, video_fps) != (None, None, None):
+        raise ValueError("preprocess_video: give sampling settings either in the Video or as arguments, not both")
+    name = name if name is not None else (os.fspath(video.source) if video.is_file else "<video>")
+    frames = load_video(video, name, min_frames, max_frames)
+    count, in_h, in_w = frames.shape[:3]
+    try:
+        factors = {"factor": patch_size * merge_size, "temporal_factor": temporal_patch_size}
+        height, width = video_resized_size(count, in_h, in_w, min_pixels, max_pixels, cap_pixels_per_frame, **factors)
+    except ValueError as e:
+        raise VideoInputError(name, str(e)) from e
+    frames = resize_bicubic(frames, height, width)
+    if pad := -count % temporal_patch_size:  # HF repeats the last frame to fill the last temporal patch
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+    grid_t, grid_h, grid_w = len(frames) // temporal_patch_size, height // patch_size, width // patch_size
+    m, p, tp = merge_size, patch_size, temporal_patch_size
+    # (gt, tp, bh, mh, ph, bw, mw, pw, C) -> (gt, bh, bw, mh, mw, C, tp, ph, pw): HF's patchify order
+    windows = frames.reshape(grid_t, tp, grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    rows = grid_t * grid_h * grid_w
+    out = _output(out, (rows, 3 * tp * p * p))
+    np.take(_VIDEO_TABLES[out.dtype], np.ascontiguousarray(windows).reshape(out.shape), out=out, mode="clip")
+    return out, np.array([[grid_t, grid_h, grid_w]], dtype=np.int64)

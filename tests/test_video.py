@@ -1,0 +1,266 @@
+"""Videos: vitjax.preprocess_video is bit-identical to HF transformers' Qwen3VLVideoProcessor (built locally with
+its defaults), frame sampling and PyAV decoding equal HF's, and the tower's fp32 output on video pixel rows
+equals HF's Qwen3VLVisionModel.
+
+HF resizes video frames with torchvision (PyTorch's uint8 antialiased bicubic), not PIL; `vitjax.resize`
+repeats PyTorch's integer arithmetic, so the rows are compared bit for bit (PIL's resize would be off by up to
+two uint8 levels on ~0.5% of the pixels, which is why vitjax does not use it for videos).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from conftest import assert_close_to_scale, hf_outputs
+from PIL import Image
+from torchvision.transforms.v2 import functional as tvF
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+from transformers.video_utils import VideoMetadata, load_video
+
+import vitjax
+from vitjax.preprocess import preprocess_video, video_resized_size
+from vitjax.resize import resize_bicubic
+from vitjax.video import Video, VideoInputError, sample_indices
+
+PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
+
+
+@functools.cache
+def hf_processor(cap: bool = True) -> Qwen3VLVideoProcessor:
+    """HF's video processor with its own defaults; `cap_pixels_per_frame` is explicit (its default changes in
+    transformers 5.22 from uncapped to capped; vitjax defaults to capped)."""
+    return Qwen3VLVideoProcessor(cap_pixels_per_frame=cap)
+
+
+def run_hf(frames, cap: bool = True, **kw) -> tuple[np.ndarray, np.ndarray]:
+    out = hf_processor(cap)(videos=[frames], return_tensors="np", **{"do_sample_frames": False, **kw})
+    return out["pixel_values_videos"], out["video_grid_thw"]
+
+
+def assert_same(ours: tuple[np.ndarray, np.ndarray], ref: tuple[np.ndarray, np.ndarray]) -> None:
+    """Equal grid_thw and bit-identical float32 pixel rows."""
+    (pv, thw), (ref_pv, ref_thw) = ours, ref
+    np.testing.assert_array_equal(thw, ref_thw)
+    assert thw[0, 0] >= 1 and pv.dtype == np.float32 and pv.shape == ref_pv.shape == (thw[0].prod(), 1536)
+    if not np.array_equal(pv.view(np.uint32), ref_pv.astype(np.float32).view(np.uint32)):
+        np.testing.assert_array_equal(pv, ref_pv)
+        pytest.fail("pixel rows equal as numbers but differ in bits")
+
+
+def noise_clip(frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+
+
+def panned_clip(frames: int, height: int = 176, width: int = 256, step: int = 5) -> np.ndarray:
+    """A photo seen through a window that moves right and down: a real picture with real motion."""
+    photo = np.asarray(Image.open(PHOTO).convert("RGB"))
+    return np.stack([photo[i * step // 2 : i * step // 2 + height, i * step : i * step + width] for i in range(frames)])
+
+
+def write_clip(path: Path, frames: np.ndarray, rate: int = 15, codec: str = "libx264") -> Path:
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=rate)
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+# --- torchvision's resize, exactly ---------------------------------------------------------------------------
+
+
+def test_resize_equals_torchvision_bit_for_bit():
+    rng = np.random.default_rng(0)
+    sizes = [tuple(int(v) for v in rng.integers(2, 300, 4)) for _ in range(60)]  # up, down, mixed
+    sizes += [(1080, 1920, 288, 512), (31, 33, 512, 32), (2000, 37, 64, 32), (64, 64, 64, 32), (64, 64, 32, 64)]
+    photo = np.asarray(Image.open(PHOTO).convert("RGB"))
+    for i, (h, w, out_h, out_w) in enumerate(sizes):
+        if i % 2:
+            frames = noise_clip(2, h, w, seed=i)
+        else:  # smooth photo content at the input size (PIL makes it; only the resize under test matters)
+            frames = np.asarray(Image.fromarray(photo).resize((w, h), Image.Resampling.BILINEAR))[None]
+        tensor = torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2)))
+        ref = tvF.resize(tensor, [out_h, out_w], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
+        np.testing.assert_array_equal(resize_bicubic(frames, out_h, out_w), ref.numpy().transpose(0, 2, 3, 1))
+
+
+# --- sampling and sizes --------------------------------------------------------------------------------------
+
+
+def test_sample_indices_equal_hf():
+    proc = hf_processor()
+    cases = 0
+    for total in [1, 2, 3, 4, 5, 7, 16, 31, 100, 257, 1000, 3000]:
+        for video_fps in [None, 5.0, 24.0, 29.97, 30.0, 60.0]:
+            for fps, num_frames in [(None, None), (0.5, None), (2, None), (4.0, None), (None, 3), (None, 10)]:
+                meta = VideoMetadata(total_num_frames=total, fps=video_fps)
+                ref = proc.sample_frames(meta, num_frames=num_frames, fps=fps)
+                np.testing.assert_array_equal(sample_indices(total, video_fps, fps, num_frames), ref)
+                cases += 1
+    assert cases == 12 * 6 * 6
+    # The minimum (4) lifts short clips, the maximum (768) caps long ones, and no clip gives more than it has.
+    assert len(sample_indices(3, 30.0)) == 3 and len(sample_indices(60, 30.0)) == 4
+    assert len(sample_indices(100_000, 30.0)) == 768
+
+
+@pytest.mark.parametrize("cap", [True, False])
+def test_resized_size_equals_hf(cap):
+    proc = hf_processor(cap)
+    rng = np.random.default_rng(1)
+    sizes = [tuple(row) for row in rng.integers(2, [800, 2200, 2200], (400, 3)).tolist()]
+    sizes += [(2, 1, 1), (3, 16, 16), (768, 1080, 1920), (5, 20, 3000), (4, 3000, 20), (9, 32, 32)]
+    for t, h, w in sizes:
+        if max(h, w) / min(h, w) > 200:  # the limit is checked below
+            continue
+        height, width = video_resized_size(t, h, w, cap_pixels_per_frame=cap)
+        assert height % 32 == 0 and width % 32 == 0
+        tokens = (t + t % 2) // 2 * (height // 16) * (width // 16)
+        assert tokens == proc.get_num_of_video_patches(t, h, w), (t, h, w)
+    with pytest.raises(ValueError, match="at least 2 frames"):
+        video_resized_size(1, 100, 100)
+    with pytest.raises(ValueError, match="aspect ratio 201 "):
+        video_resized_size(4, 32, 32 * 201)
+
+
+# --- pixel rows against HF's processor -----------------------------------------------------------------------
+
+CLIPS = {  # (frames, height, width): odd counts, tiny sides, wide, tall, and clips over the pixel budget
+    "2x90x160": (2, 90, 160),
+    "3x64x64": (3, 64, 64),
+    "5x17x300": (5, 17, 300),
+    "7x240x320": (7, 240, 320),
+    "4x700x30": (4, 700, 30),
+    "24x360x480_over_budget": (24, 360, 480),  # over both budgets
+    "300x64x96_long": (300, 64, 96),  # over the whole-clip budget; the capped one keeps >= 137,625 px per frame
+}
+
+
+@pytest.mark.parametrize("cap", [True, False], ids=["capped", "uncapped"])
+@pytest.mark.parametrize("clip", sorted(CLIPS))
+def test_array_clip_equals_hf(clip, cap):
+    frames = noise_clip(*CLIPS[clip], seed=len(clip))
+    ours = preprocess_video(frames, cap_pixels_per_frame=cap)
+    assert_same(ours, run_hf(frames, cap))
+    _, h, w = CLIPS[clip]
+    shrunk = ours[1][0, 1] * ours[1][0, 2] * 256 < h * w
+    assert shrunk == ("budget" in clip or ("long" in clip and not cap))
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"fps": 2}, {"fps": 1.5, "video_fps": 30.0}, {"num_frames": 7}, {"num_frames": 40}]
+)
+def test_array_sampling_equals_hf(sampling):
+    """Sampling an array when asked: fps (at the array's frame rate, HF's 24 when unknown) or a frame count,
+    including more frames than the clip has (frames repeat), and a clip below the 4-frame minimum."""
+    for frames in (noise_clip(50, 48, 64, seed=3), noise_clip(3, 40, 40, seed=4)):
+        meta = {"total_num_frames": len(frames), "fps": sampling.get("video_fps")}
+        kw = {"fps": sampling.get("fps"), "num_frames": sampling.get("num_frames")}
+        ref = run_hf(frames, do_sample_frames=True, video_metadata=[meta], **kw)
+        assert_same(preprocess_video(frames, **sampling), ref)
+        assert_same(preprocess_video(Video(frames, **sampling)), ref)
+
+
+def test_frame_list_equals_hf():
+    """A list of PIL frames (HF stacks them) and a list of paths both give the array's rows."""
+    clip = panned_clip(5)
+    pil = [Image.fromarray(f) for f in clip]
+    ref = run_hf(pil)
+    assert_same(preprocess_video(pil), ref)
+    assert_same(preprocess_video(clip), ref)
+
+
+# --- files decoded with PyAV ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clip_file(tmp_path_factory) -> Path:
+    """40 frames at 15 fps (2.7 s): HF samples 5 of them at 2 fps, an odd count."""
+    return write_clip(tmp_path_factory.mktemp("clips") / "pan.mp4", panned_clip(40))
+
+
+@pytest.mark.parametrize("sampling", [{}, {"fps": 4.0}, {"num_frames": 6}, {"num_frames": 60}])
+def test_video_file_equals_hf(clip_file, sampling):
+    """HF decodes with its PyAV backend and samples with the processor's own `sample_frames`."""
+    proc = hf_processor()
+    hf_fn = functools.partial(proc.sample_frames, fps=sampling.get("fps"), num_frames=sampling.get("num_frames"))
+    if not sampling:
+        hf_fn = proc.sample_frames  # fps 2 by default
+    frames, _ = load_video(str(clip_file), backend="pyav", sample_indices_fn=hf_fn)
+    ref = run_hf(frames)
+    assert_same(preprocess_video(clip_file, **sampling), ref)
+    assert_same(preprocess_video(Video(str(clip_file), **sampling)), ref)
+    if not sampling:
+        assert ref[1][0, 0] == 3  # 5 frames -> 3 temporal groups, the last frame repeated
+
+
+def test_container_without_frame_count(tmp_path):
+    """WebM does not store a frame count (HF's PyAV reader fails on it); vitjax counts the packets and then
+    samples as HF would given the true count and rate."""
+    path = write_clip(tmp_path / "pan.webm", panned_clip(40), codec="libvpx-vp9")
+    with av.open(str(path)) as container:
+        assert container.streams.video[0].frames == 0
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    assert len(decoded) == 40
+    meta = [{"total_num_frames": 40, "fps": 15.0}]
+    ref = run_hf(decoded, do_sample_frames=True, video_metadata=meta)
+    assert_same(preprocess_video(path), ref)
+
+
+def test_bad_videos_are_named_errors(tmp_path, clip_file):
+    data = clip_file.read_bytes()
+    (tmp_path / "text.mp4").write_text("not a video")
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) // 2])  # mp4 keeps its index at the end
+    (tmp_path / "holed.mp4").write_bytes(data[:2000] + bytes(3000) + data[5000:])  # frames zeroed mid-stream
+    Image.open(PHOTO).save(tmp_path / "photo.mp4", "JPEG")  # FFmpeg opens it: a one-frame video
+    (tmp_path / "folder.mp4").mkdir()
+    cases = {
+        "text.mp4": "cannot decode video .Invalid data",
+        "empty.mp4": "cannot decode video",
+        "cut.mp4": "cannot decode video",
+        "holed.mp4": "cannot decode video",
+        "photo.mp4": "at least 2 frames",
+        "missing.mp4": "no such file",
+        "folder.mp4": "is a directory",
+    }
+    for file, reason in cases.items():
+        path = str(tmp_path / file)
+        with pytest.raises(VideoInputError, match=reason) as info:
+            preprocess_video(path)
+        assert info.value.name == path and str(info.value).startswith(f"{path}: ")
+        assert isinstance(info.value, vitjax.ImageInputError)
+    arrays = {
+        "one frame": (noise_clip(1, 64, 64), "at least 2 frames"),
+        "float": (np.zeros((4, 8, 8, 3), np.float32), r"uint8 \[T, H, W, 3\]"),
+        "rgba": (np.zeros((4, 8, 8, 4), np.uint8), r"uint8 \[T, H, W, 3\]"),
+        "sizes": ([np.zeros((8, 8, 3), np.uint8), np.zeros((9, 8, 3), np.uint8)], "frames differ in size"),
+        "bad frame": ([np.zeros((8, 8, 3), np.uint8), b"garbage"], "frame 1"),
+        "empty list": ([], "no frames"),
+    }
+    for label, (source, reason) in arrays.items():
+        with pytest.raises(VideoInputError, match=reason):
+            preprocess_video(source, name=label)
+
+
+# --- the tower on video rows ---------------------------------------------------------------------------------
+
+
+def test_tower_on_video_rows_equals_hf(tiny, clip_file):
+    """fp32 embeddings of a real clip (t = 3) beside a photo's video-sized rows equal HF's vision model."""
+    cfg, model, path = tiny
+    enc = vitjax.Encoder.from_pretrained(path, dtype="float32")
+    clip_rows, clip_grid = preprocess_video(clip_file)
+    short_rows, short_grid = preprocess_video(panned_clip(2, 96, 128))
+    pixels = np.concatenate([clip_rows, short_rows])
+    grids = np.concatenate([clip_grid, short_grid])
+    assert grids[0, 0] == 3
+    ref = hf_outputs(model, pixels, grids.tolist())
+    got = np.concatenate([np.asarray(o) for o in enc.encode_patches(pixels, grids)])
+    assert_close_to_scale(got, ref)

@@ -1,0 +1,104 @@
+"""PyTorch's antialiased bicubic resize of uint8 frames (what torchvision's `resize` runs on the CPU), in numpy.
+
+HF's video processors resize with `torchvision.transforms.v2.functional.resize(..., BICUBIC, antialias=True)`
+on uint8 tensors, which is not PIL's resize: PyTorch (ATen `UpSampleKernel.cpp`, the same numbers in its AVX2
+and generic kernels) computes the filter weights in float64 as PIL does (Keys cubic, a = -0.5, widened by
+the scale when shrinking, normalised per output pixel), then rounds them to int16 with a precision chosen
+per axis from the largest weight, and runs two integer passes, width first, each rounding to uint8
+(`(sum + 2^(p-1)) >> p`, clipped). PIL uses a fixed precision, and so differs by a level or two on a few
+pixels in a hundred. This module repeats PyTorch's arithmetic exactly. The integer sums run as float64
+matrix products over blocks of outputs: every product and partial sum is an integer below 2^53, so BLAS
+gives the exact integer whatever its order of summation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+_A = -0.5  # Keys' cubic with a = -0.5, as PIL and PyTorch's antialiased bicubic use
+_BLOCK = 32  # outputs per matrix product: each needs only its own span of inputs
+
+
+def _cubic(x: np.ndarray) -> np.ndarray:
+    """ATen's `aa_filter` for bicubic, with its operation order (`cubic_convolution1/2`)."""
+    x = np.abs(x)
+    near = ((_A + 2) * x - (_A + 3)) * x * x + 1
+    far = ((_A * x - 5 * _A) * x + 8 * _A) * x - 4 * _A
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+@functools.lru_cache(maxsize=32)
+def _blocks(in_size: int, out_size: int) -> tuple[int, tuple[tuple[int, int, int, int, np.ndarray], ...]]:
+    """(precision p, blocks (start, stop, lo, hi, int16 weights as float64 [hi - lo, stop - start])) for one axis.
+
+    Follows ATen's `_compute_indices_min_size_weights_aa` and `_compute_index_ranges_int16_weights`, including
+    C's truncation toward zero and the sequential sum of the weights.
+    """
+    scale = in_size / out_size
+    support = 2.0 * scale if scale >= 1.0 else 2.0
+    taps = math.ceil(support) * 2 + 1
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    center = scale * (np.arange(out_size) + 0.5)
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)
+    xsize = np.clip(np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin, 0, taps)
+    j = np.arange(taps)
+    used = j[None] < xsize[:, None]
+    w = np.where(used, _cubic(((j[None] + xmin[:, None]) - center[:, None] + 0.5) * invscale), 0.0)
+    total = np.zeros(out_size)
+    for k in range(taps):  # left to right, as the C loop adds them
+        total += w[:, k]
+    w = np.divide(w, total[:, None], out=w, where=total[:, None] != 0)
+    w_max = w.max()
+    p = 0
+    while p < 22 and int(0.5 + w_max * (1 << (p + 1))) < (1 << 15):
+        p += 1
+    v = w * (1 << p)
+    k16 = np.trunc(np.where(v < 0, v - 0.5, v + 0.5))
+    blocks = []
+    for start in range(0, out_size, _BLOCK):
+        stop = min(out_size, start + _BLOCK)
+        rows, cols = np.nonzero(used[start:stop])
+        idx = xmin[start:stop][rows] + cols
+        lo, hi = int(idx.min()), int(idx.max()) + 1
+        m = np.zeros((hi - lo, stop - start))
+        m[idx - lo, rows] = k16[start:stop][rows, cols]
+        blocks.append((start, stop, lo, hi, m))
+    return p, tuple(blocks)
+
+
+def _round(acc: np.ndarray, p: int) -> np.ndarray:
+    """ATen's `(sum + (1 << (p - 1))) >> p`, saturated to uint8 (kept as float64 integers)."""
+    return np.clip(np.floor((acc + (1 << (p - 1))) * (1.0 / (1 << p))), 0, 255)
+
+
+def resize_bicubic(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 frames `[..., H, W, C]` -> `[..., height, width, C]`, bit-identical to torchvision's
+    `resize(frames_as_NCHW, [height, width], InterpolationMode.BICUBIC, antialias=True)` on the CPU.
+
+    An axis whose size does not change is not resampled, as in PyTorch.
+    """
+    if frames.dtype != np.uint8 or frames.ndim < 3:
+        raise ValueError(f"frames must be a uint8 array [..., H, W, C], got {frames.dtype} {list(frames.shape)}")
+    *lead, in_h, in_w, channels = frames.shape
+    if (in_h, in_w) == (height, width):
+        return frames
+    n = math.prod(lead)
+    x = frames.reshape(n, in_h, in_w, channels).transpose(0, 1, 3, 2).astype(np.float64)  # [n, H, C, W]
+    if in_w != width:  # along rows first, as PyTorch does
+        p, blocks = _blocks(in_w, width)
+        rows = x.reshape(-1, in_w)
+        out = np.empty((rows.shape[0], width))
+        for start, stop, lo, hi, m in blocks:
+            out[:, start:stop] = rows[:, lo:hi] @ m
+        x = _round(out, p).reshape(n, in_h, channels, width)
+    if in_h != height:
+        p, blocks = _blocks(in_h, height)
+        cols = x.reshape(n, in_h, -1)
+        out = np.empty((n, height, cols.shape[2]))
+        for start, stop, lo, hi, m in blocks:
+            out[:, start:stop] = np.matmul(m.T, cols[:, lo:hi])
+        x = _round(out, p).reshape(n, height, channels, width)
+    return x.transpose(0, 1, 3, 2).astype(np.uint8).reshape(*lead, height, width, channels)

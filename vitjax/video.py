@@ -1,0 +1,192 @@
+"""Videos as inputs: the `Video` wrapper, HF's frame sampling, and decoding video files with PyAV.
+
+Frame sampling is HF transformers' `Qwen3VLVideoProcessor.sample_frames` (default 2 frames per second of
+the source, at least 4 and at most 768 frames, never more than the video has; or exactly `num_frames`,
+evenly spaced). Files are decoded as HF's PyAV backend (`transformers.video_utils.read_video_pyav`) does:
+the frame count and rate come from the container's video stream, frames are decoded in order up to the
+last one wanted and converted with `to_ndarray(format="rgb24")`, so the frames are the ones HF gets.
+PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only when a file is decoded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vitjax.images import ImageInputError, load_image
+
+VIDEO_EXTENSIONS = frozenset(
+    {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
+)
+# Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
+FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
+# The frame rate HF assumes when asked to sample by fps without knowing the video's own.
+DEFAULT_VIDEO_FPS = 24.0
+
+
+class VideoInputError(ImageInputError):
+    """A video input that cannot be turned into frames (or into pixel rows); `name` says which, `reason` why."""
+
+
+@dataclass(frozen=True, eq=False)
+class Video:
+    """An explicit video input: a file path, a uint8 array `[T, H, W, 3]`, or a sequence of frames (anything
+    `load_image` takes, all of one size).
+
+    A file is always sampled (`fps`, default 2, or `num_frames`). An array or frame list is used as it is,
+    every frame, unless `fps` or `num_frames` asks for sampling; `video_fps` is then its frame rate
+    (HF assumes 24 when it is not given). `fps` and `num_frames` exclude each other, as in HF.
+    """
+
+    source: str | os.PathLike | np.ndarray | Sequence[object]
+    fps: float | None = None
+    num_frames: int | None = None
+    video_fps: float | None = None
+
+    def __post_init__(self):
+        if self.fps is not None and self.num_frames is not None:
+            raise ValueError("Video: fps and num_frames exclude each other; give one")
+        for field, value in (("fps", self.fps), ("num_frames", self.num_frames), ("video_fps", self.video_fps)):
+            if value is not None and not value > 0:
+                raise ValueError(f"Video: {field} must be positive, got {value!r}")
+        if self.num_frames is not None and int(self.num_frames) != self.num_frames:
+            raise ValueError(f"Video: num_frames must be a whole number, got {self.num_frames!r}")
+        if self.video_fps is not None and self.is_file:
+            raise ValueError("Video: video_fps is for arrays and frame lists; a file's frame rate is read from it")
+
+    @property
+    def is_file(self) -> bool:
+        return isinstance(self.source, (str, os.PathLike))
+
+    @property
+    def settings(self) -> tuple:
+        """What the sampled frames depend on besides the source: part of the embedding cache's key."""
+        fps = FPS if self.is_file and self.fps is None and self.num_frames is None else self.fps
+        return ("video", fps, self.num_frames, self.video_fps)
+
+
+def is_video_path(source: object) -> bool:
+    """A path (not a data URI) whose extension names a video container."""
+    return (
+        isinstance(source, (str, os.PathLike))
+        and not str(source).startswith("data:")
+        and Path(source).suffix.lower() in VIDEO_EXTENSIONS
+    )
+
+
+def video_name(video: Video, index: int = 0) -> str:
+    """How errors name a video: its path, else its kind and position among the inputs."""
+    return os.fspath(video.source) if video.is_file else f"<video #{index}>"
+
+
+def sample_indices(
+    total: int,
+    video_fps: float | None,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    min_frames: int = MIN_FRAMES,
+    max_frames: int = MAX_FRAMES,
+) -> np.ndarray:
+    """HF's `Qwen3VLVideoProcessor.sample_frames`: frame indices of a `total`-frame video at `video_fps`.
+
+    With `num_frames` exactly that many, evenly spaced (repeating frames if the video has fewer); else
+    `fps` per second of video (default 2), clamped to [min_frames, max_frames] and to `total`.
+    """
+    if fps is not None and num_frames is not None:
+        raise ValueError("fps and num_frames exclude each other; give one")
+    if num_frames is None:
+        rate = video_fps if video_fps is not None else DEFAULT_VIDEO_FPS
+        num_frames = int(total / rate * (fps if fps is not None else FPS))
+        num_frames = min(max(num_frames, min_frames), max_frames, total)
+    return np.linspace(0, total - 1, int(num_frames)).round().astype(int)
+
+
+def load_video(
+    video: Video, name: str | None = None, min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES
+) -> np.ndarray:
+    """The frames `video` stands for, sampled as HF samples them: uint8 `[T, H, W, 3]`.
+
+    Every failure (missing or undecodable file, no video stream, bad array, frames of different sizes, no
+    PyAV) is a `VideoInputError` naming the input.
+    """
+    name = name if name is not None else video_name(video)
+    source = video.source
+    sampled = video.is_file or video.fps is not None or video.num_frames is not None
+    try:
+        if video.is_file:
+            return _decode_file(Path(source), name, video, min_frames, max_frames)
+        if isinstance(source, np.ndarray):
+            if source.dtype != np.uint8 or source.ndim != 4 or source.shape[3] != 3 or 0 in source.shape:
+                raise ValueError(f"video array must be uint8 [T, H, W, 3], got {source.dtype} {list(source.shape)}")
+            frames = source
+            if sampled:
+                frames = frames[_indices(video, len(frames), video.video_fps, min_frames, max_frames)]
+            return frames
+        if isinstance(source, (str, bytes, bytearray, memoryview)) or not isinstance(source, Sequence):
+            raise ValueError(f"unsupported video source {type(source).__name__}: a path, an array or a frame list")
+        if not source:
+            raise ValueError("video has no frames")
+        indices = (
+            _indices(video, len(source), video.video_fps, min_frames, max_frames) if sampled else range(len(source))
+        )
+        frames = [np.asarray(load_image(source[i], f"{name} frame {i}")) for i in indices]
+        sizes = {f.shape for f in frames}
+        if len(sizes) > 1:
+            shown = ", ".join(f"{w}x{h}" for h, w, _ in sorted(sizes))
+            raise ValueError(f"frames differ in size ({shown}); a video's frames must share one size")
+        return np.stack(frames)
+    except VideoInputError:
+        raise
+    except ImageInputError as e:  # one frame of a frame list
+        raise VideoInputError(name, str(e)) from e
+    except ValueError as e:
+        raise VideoInputError(name, str(e)) from e
+
+
+def _indices(video: Video, total: int, video_fps: float | None, min_frames: int, max_frames: int) -> np.ndarray:
+    fps = video.fps if video.fps is not None or video.num_frames is not None else FPS
+    return sample_indices(total, video_fps, fps, video.num_frames, min_frames, max_frames)
+
+
+def _decode_file(path: Path, name: str, video: Video, min_frames: int, max_frames: int) -> np.ndarray:
+    try:
+        import av
+    except ImportError as e:
+        raise VideoInputError(name, "decoding video files needs PyAV: pip install 'vitjax[video]'") from e
+    if path.is_dir():
+        raise VideoInputError(name, "is a directory")
+    if not path.is_file():
+        raise VideoInputError(name, "no such file")
+    try:
+        with av.open(os.fspath(path)) as container:
+            if not container.streams.video:
+                raise VideoInputError(name, "no video stream")
+            stream = container.streams.video[0]
+            total = stream.frames
+            rate = stream.average_rate or stream.guessed_rate
+        if total == 0:  # the container does not say (some mkv, webm): count the packets
+            with av.open(os.fspath(path)) as container:
+                total = sum(1 for packet in container.demux(video=0) if packet.size)
+        if total == 0:
+            raise VideoInputError(name, "video stream has no frames")
+        indices = _indices(video, total, float(rate) if rate else None, min_frames, max_frames)
+        wanted, last = set(indices.tolist()), int(indices[-1])
+        frames = []
+        with av.open(os.fspath(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"  # frame threads: same frames, decoded on several cores
+            container.seek(0)
+            for i, frame in enumerate(container.decode(stream)):
+                if i > last:
+                    break
+                if i in wanted:
+                    frames.append(frame.to_ndarray(format="rgb24"))
+    except (av.FFmpegError, OSError) as e:
+        raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
+    if not frames:
+        raise VideoInputError(name, "no frame could be decoded")
+    return np.stack(frames)
