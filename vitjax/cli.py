@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from vitjax.encoder import BATCH_TOKENS
+from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
 
 EPILOG = """examples:
@@ -21,8 +22,12 @@ def _encode(args: argparse.Namespace) -> int:
     from safetensors.numpy import save_file
 
     import vitjax
+    import vitjax.dali
     from vitjax.images import ImageInputError
 
+    if args.decoder == "dali" and not vitjax.dali.available():
+        print("vitjax: error: --decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'", file=sys.stderr)
+        return 2
     parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel}
     if args.model:
         enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True, **parallel)
@@ -34,6 +39,7 @@ def _encode(args: argparse.Namespace) -> int:
             f"vitjax: using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless",
             file=sys.stderr,
         )
+    decoder = enc.resolve_decoder(args.decoder)
     results = enc.encode(
         args.inputs,
         min_pixels=args.min_pixels,
@@ -41,6 +47,7 @@ def _encode(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens,
         errors="return",
         progress=True,
+        decoder=decoder,
     )
     tensors, images, failed = {}, [], 0
     width = enc.cfg.out_hidden_size
@@ -62,6 +69,7 @@ def _encode(args: argparse.Namespace) -> int:
                 "source": name,
                 "grid_thw": list(res.grid_thw),
                 "sha256": res.sha256,
+                "decoder": res.decoder,
                 "tokens": len(features),
             }
         )
@@ -72,11 +80,13 @@ def _encode(args: argparse.Namespace) -> int:
         "images": images,
         "min_pixels": args.min_pixels,
         "max_pixels": args.max_pixels,
+        "decoder": decoder,
     }
     save_file(tensors, args.output, metadata={"vitjax": json.dumps(meta)})
     done = len(results) - failed
     tokens = sum(int(np.prod(t.shape[:-1])) for k, t in tensors.items() if k.endswith(".embeds"))
-    print(f"vitjax: wrote {done} of {len(results)} images ({tokens} tokens) to {args.output}", file=sys.stderr)
+    summary = f"vitjax: wrote {done} of {len(results)} images ({tokens} tokens, decoder {decoder}) to {args.output}"
+    print(summary, file=sys.stderr)
     return 1 if failed or not results else 0
 
 
@@ -126,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="groups of N devices share each call's tokens (Ulysses); N divides --devices (default: %(default)s)",
+    )
+    enc.add_argument(
+        "--decoder",
+        choices=DECODERS,
+        default="auto",
+        help="pil: HF-exact on the CPU; dali: NVIDIA DALI (nvJPEG on a GPU); auto: dali on a GPU when DALI is "
+        "installed, else pil (default: %(default)s)",
     )
     enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
     enc.set_defaults(func=_encode)

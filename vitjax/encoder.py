@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from vitjax import layout, weights
+from vitjax import dali, layout, weights
 from vitjax.attention import Segments, check_implementation, default_implementation
 from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cache import EmbeddingCache
@@ -22,7 +23,7 @@ from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices
-from vitjax.pipeline import Item, Pipeline, batches
+from vitjax.pipeline import DECODERS, Item, Pipeline, batches
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
 
 # Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
@@ -46,9 +47,10 @@ class Encoded:
 
     name: str
     grid_thw: tuple[int, int, int]
-    sha256: str  # of the decoded RGB pixels
+    sha256: str  # of the decoded RGB pixels (decoder "pil"), or of the encoded file (decoder "dali")
     features: jax.Array  # [tokens, out_hidden * (1 + k)]: [merger | deepstack_0 | ... | deepstack_k-1]
     out_hidden: int
+    decoder: str = "pil"  # the backend that made the pixels: "pil" (HF-exact) or "dali"
 
     @property
     def embeds(self) -> jax.Array:
@@ -93,6 +95,8 @@ class Encoder:
         groups = device_groups(pick_devices(devices), sequence_parallel)
         engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group) for group in groups]
         self.parallel = DataParallel(engines)
+        self._dali: dali.DaliRows | None = None  # built on first use of decoder="dali"
+        self._dali_lock = threading.Lock()
 
     @classmethod
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
@@ -177,6 +181,7 @@ class Encoder:
         batch_tokens: int = BATCH_TOKENS,
         errors: str = "raise",
         progress: bool = False,
+        decoder: str = "auto",
     ) -> list[Encoded | ImageInputError]:
         """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) -> one `Encoded` each, in order.
 
@@ -186,21 +191,24 @@ class Encoder:
         dispatch lets the next batch's preprocessing overlap the device's work on the last. An image seen
         before (same pixels, settings and weights) comes from the cache; duplicates within a request are
         encoded once. With `errors="return"` a bad input yields its `ImageInputError` in its slot and the
-        rest are still encoded; with "raise" it is raised.
+        rest are still encoded; with "raise" it is raised. `decoder` picks the decode backend (see
+        `resolve_decoder`); each result's `decoder` says which one made its pixels.
         """
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', not {errors!r}")
+        rows = self._dali_rows() if self.resolve_decoder(decoder) == "dali" else None
         items = expand_inputs(images)
         # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
         pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
-        with Pipeline(self.cfg, min_pixels=min_pixels, max_pixels=max_pixels, pixel_dtype=pixel_dtype) as pipe:
+        options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": pixel_dtype, "dali": rows}
+        with Pipeline(self.cfg, **options) as pipe:
             prepared = list(pipe.prepare(items))
             found: dict[str, tuple[layout.Grid, jax.Array] | ImageInputError] = {}
             todo: dict[str, Item] = {}  # digest -> item, cache misses
             for entry in prepared:
                 if isinstance(entry, ImageInputError) or entry.digest in found or entry.digest in todo:
                     continue
-                cached = self.cache.get((self.model_id, entry.digest, pipe.settings))
+                cached = self.cache.get((self.model_id, *pipe.cache_key(entry)))
                 if cached is not None:
                     found[entry.digest] = cached
                 else:
@@ -217,8 +225,31 @@ class Encoder:
                     raise value
                 results.append(value)
             else:
-                results.append(Encoded(name, value[0], entry.digest, value[1], self.cfg.out_hidden_size))
+                grid, features = value
+                results.append(Encoded(name, grid, entry.digest, features, self.cfg.out_hidden_size, entry.decoder))
         return results
+
+    def resolve_decoder(self, decoder: str = "auto") -> str:
+        """The backend `encode(..., decoder=...)` uses: "pil" (HF-exact, on the CPU) or "dali" (NVIDIA DALI).
+
+        "auto" is "dali" when DALI is installed and the encoder's (first) device is a GPU, else "pil"; "dali"
+        runs DALI's CPU backend where there is no GPU, and refuses when DALI is not installed.
+        """
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
+        on_gpu = self.parallel.engines[0].devices[0].platform == "gpu"
+        if decoder == "auto":
+            return "dali" if on_gpu and dali.available() else "pil"
+        if decoder == "dali" and not dali.available():
+            raise ValueError("decoder='dali' needs NVIDIA DALI: pip install 'vitjax[dali]' (or vitjax[dali-cuda12])")
+        return decoder
+
+    def _dali_rows(self) -> dali.DaliRows:
+        """DALI on the encoder's first device (its pipeline is kept between calls)."""
+        with self._dali_lock:
+            if self._dali is None:
+                self._dali = dali.DaliRows(self.cfg, self.parallel.engines[0].devices[0])
+            return self._dali
 
     def _encode_batch(self, pipe: Pipeline, batch: list[Item]) -> dict:
         """Fill one pixel buffer, dispatch one `encode_patches` (asynchronous), cache and return
@@ -232,5 +263,5 @@ class Encoder:
                 done[item.digest] = error
             else:
                 done[item.digest] = (item.grid, out)
-                self.cache.put((self.model_id, item.digest, pipe.settings), done[item.digest])
+                self.cache.put((self.model_id, *pipe.cache_key(item)), done[item.digest])
         return done

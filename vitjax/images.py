@@ -102,7 +102,7 @@ def _read_path(path: Path) -> bytes:
         raise ValueError(f"cannot read file ({e.strerror or e})") from e
 
 
-def _check_size(image: Image.Image) -> None:
+def check_size(image: Image.Image) -> None:
     """Refuse empty images, and images above PIL's decompression-bomb limit before their pixels are decoded.
 
     PIL itself only warns between 1x and 2x `Image.MAX_IMAGE_PIXELS`; a server must not decode those.
@@ -127,7 +127,7 @@ def _decode(data: bytes) -> Image.Image:
         raise ValueError(str(e)) from e
     except Exception as e:  # UnidentifiedImageError mostly; a few plugins raise their own errors
         raise ValueError("not a recognised image format (or a corrupt header)") from e
-    _check_size(image)
+    check_size(image)
     try:
         image.load()
     except Exception as e:  # PIL raises OSError, SyntaxError, EOFError, struct.error... on corrupt data
@@ -168,6 +168,25 @@ def _from_array(array: np.ndarray) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(array))
 
 
+def encoded_bytes(source: object, name: str | None = None) -> bytes | None:
+    """The encoded file behind a path, bytes or data URI, read once (so a decode backend can look at it before it
+    decodes); None for a source that is pixels already (a PIL image, an array). Errors name the input as
+    `load_image`'s do; the bytes themselves are not checked here."""
+    name = name if name is not None else input_name(source, 0)
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return bytes(source)
+        if isinstance(source, str) and source.startswith("data:"):
+            return _data_uri_bytes(source)
+        if isinstance(source, str) and source.startswith(("http://", "https://")):
+            return None  # `load_image` says why it is refused
+        if isinstance(source, (str, os.PathLike)):
+            return _read_path(Path(source))
+        return None
+    except ValueError as e:
+        raise ImageInputError(name, str(e)) from e
+
+
 def load_image(source: object, name: str | None = None) -> Image.Image:
     """Load one input as an RGB PIL image, or raise `ImageInputError` naming it.
 
@@ -193,7 +212,7 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
         if isinstance(source, np.ndarray):
             image = _from_array(source)
         elif isinstance(source, Image.Image):
-            _check_size(source)
+            check_size(source)
             image = source
         elif isinstance(source, (bytes, bytearray, memoryview)):
             image = _decode(bytes(source))

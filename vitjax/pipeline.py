@@ -6,25 +6,36 @@ its pixel rows exist:
   grid; the result is an `Item` (name, digest, grid_thw, and a `fill` that writes its rows later).
 - `fill` (one tower call's batch of items): one pixel buffer, every item's rows written into its slice
   in worker threads, straight from the decoded image.
-A decode backend is a `Decoder` (a `prepare` for one input); `PilDecoder` is the CPU one, bit-identical to
-HF's processor. An item's grid may have t > 1 (a video's temporal groups): nothing here assumes t == 1.
+A decode backend is a `Decoder` (a `prepare` for one input). `PilDecoder` is the CPU one, bit-identical to
+HF's processor. `DaliDecoder` hands whole batches to NVIDIA DALI (`vitjax.dali`: nvJPEG and the hardware decoder
+on a GPU, its CPU backend elsewhere) and writes rows PIL did not make: the JPEGs DALI decodes exactly as PIL does
+(RGB or greyscale, complete, any EXIF orientation); everything else it routes to PIL, whose pixels then only pass
+through DALI. An item's `decoder` says which backend made its pixels, and is part of its cache key.
+An item's grid may have t > 1 (a video's temporal groups): nothing here assumes t == 1.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+import jax
 import numpy as np
+from PIL import ExifTags, Image
 
 from vitjax import layout
 from vitjax.cache import pixel_digest
 from vitjax.config import VisionConfig
-from vitjax.images import ImageInputError, load_image
-from vitjax.preprocess import preprocess_image, resized_size
+from vitjax.dali import DaliRows, Sample
+from vitjax.images import ImageInputError, check_size, encoded_bytes, load_image
+from vitjax.preprocess import preprocess_image, resized_size, smart_resize
+
+DECODERS = ("auto", "pil", "dali")
 
 
 @dataclass(frozen=True)
@@ -32,9 +43,11 @@ class Item:
     """One prepared input: known to the cache (`digest`) and the planner (`grid`), its rows not yet written."""
 
     name: str
-    digest: str  # sha256 of the decoded content; with the pipeline's settings, the cache key
+    digest: str  # sha256 of what the decoder decodes (PIL: the RGB pixels, DALI: the file); part of the cache key
     grid: layout.Grid  # (t, h, w) in patches
-    fill: Callable[[np.ndarray], object]  # writes the item's rows into a [tokens, patch_dim] buffer
+    fill: Callable[[np.ndarray], object] | None  # writes the item's rows into a [tokens, patch_dim] host buffer
+    sample: Callable[[], Sample]  # what DALI turns into the item's rows
+    decoder: str = "pil"  # the backend that made (or makes) the pixels
 
     @property
     def tokens(self) -> int:
@@ -76,13 +89,71 @@ class PilDecoder:
                 out=out,
             )
 
-        return Item(name, pixel_digest(image), (1, height // p.patch_size, width // p.patch_size), fill)
+        def sample() -> Sample:
+            return Sample.of_pixels(image.resize((width, height), Image.Resampling.BICUBIC).tobytes(), height, width)
+
+        return Item(name, pixel_digest(image), (1, height // p.patch_size, width // p.patch_size), fill, sample)
+
+
+class DaliDecoder:
+    """JPEGs that NVIDIA DALI decodes exactly as PIL does go to DALI; everything else to `PilDecoder`.
+
+    DALI gets a JPEG when PIL reads its header as baseline or progressive JPEG in RGB (YCbCr) or greyscale, of
+    at most `PIL.Image.MAX_IMAGE_PIXELS` pixels, ending in the end-of-image marker (so a truncated file goes to
+    PIL, which refuses it by name, rather than being decoded in part). DALI's CPU decode of those equals PIL's
+    bit for bit, EXIF orientation included (tests). PIL keeps CMYK/YCCK JPEGs (Adobe's inverted CMYK), MPO,
+    every other format (alpha, palettes, 16 bits follow HF's conversions there), PIL images and arrays.
+    A DALI item's digest is the file's sha256: its pixels exist only inside DALI.
+    """
+
+    name = "dali"
+
+    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int):
+        self.cfg = cfg
+        self.min_pixels = min_pixels
+        self.max_pixels = max_pixels
+        self.pil = PilDecoder(cfg, min_pixels, max_pixels)
+
+    def prepare(self, name: str, source: object) -> Item:
+        data = encoded_bytes(source, name)
+        if data is None:
+            return self.pil.prepare(name, source)
+        decoded = self._jpeg_size(data)
+        if decoded is None:
+            return self.pil.prepare(name, data)
+        p = self.cfg
+        factor = p.patch_size * p.spatial_merge_size
+        try:
+            height, width = smart_resize(*decoded, factor, self.min_pixels, self.max_pixels)
+        except ValueError as e:
+            raise ImageInputError(name, str(e)) from e
+        sample = Sample(np.frombuffer(data, np.uint8), decoded, (height, width))
+        grid = (1, height // p.patch_size, width // p.patch_size)
+        return Item(name, hashlib.sha256(data).hexdigest(), grid, None, lambda: sample, "dali")
+
+    @staticmethod
+    def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+        """(height, width) once decoded and upright, for a JPEG that DALI decodes as PIL does; else None."""
+        if not data.endswith(b"\xff\xd9"):
+            return None
+        try:
+            header = Image.open(io.BytesIO(data))  # reads the header only
+        except Exception:  # not an image PIL knows, or a corrupt header: PIL's path names the reason
+            return None
+        if header.format != "JPEG" or header.mode not in ("RGB", "L"):
+            return None
+        check_size(header)
+        orientation = header.getexif().get(ExifTags.Base.Orientation, 1)
+        return (header.width, header.height) if orientation in (5, 6, 7, 8) else (header.height, header.width)
 
 
 class Pipeline:
     """Inputs -> `Item`s -> one pixel buffer per batch, in a pool of worker threads (use it as a context manager).
 
-    `settings` identifies what changes the pixel rows (backend, pixel bounds): part of every cache key.
+    With `dali` (a `vitjax.dali.DaliRows`) the backend is `DaliDecoder` and each batch's rows come from one DALI
+    run (on the device DALI runs on, for a GPU); else `PilDecoder` writes them into a host buffer of
+    `pixel_dtype`. `settings` identifies what else changes the rows (the pixel bounds); `cache_key` joins them
+    with an item's decoder and digest.
     """
 
     def __init__(
@@ -92,12 +163,15 @@ class Pipeline:
         min_pixels: int,
         max_pixels: int,
         pixel_dtype: np.dtype,
+        dali: DaliRows | None = None,
         workers: int | None = None,
     ):
         self.cfg = cfg
         self.pixel_dtype = np.dtype(pixel_dtype)
-        self.decoder: Decoder = PilDecoder(cfg, min_pixels, max_pixels)
-        self.settings = (self.decoder.name, min_pixels, max_pixels)
+        self.dali = dali
+        backend = PilDecoder if dali is None else DaliDecoder
+        self.decoder: Decoder = backend(cfg, min_pixels, max_pixels)
+        self.settings = (min_pixels, max_pixels)
         self._pool = ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1), "vitjax-pipeline")
 
     def __enter__(self) -> Pipeline:
@@ -106,12 +180,17 @@ class Pipeline:
     def __exit__(self, *exc) -> None:
         self._pool.shutdown()
 
+    def cache_key(self, item: Item) -> tuple:
+        return (item.decoder, item.digest, *self.settings)
+
     def prepare(self, items: Iterable[tuple[str, object]]) -> Iterator[Item | ImageInputError]:
         """`(name, source)` pairs -> an `Item` or the input's error each, in order, prepared in the workers."""
         return self._pool.map(lambda item: guard(item[0], lambda: self.decoder.prepare(*item)), items)
 
-    def fill(self, batch: Sequence[Item]) -> tuple[np.ndarray, list[ImageInputError | None]]:
+    def fill(self, batch: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
         """The batch's rows, concatenated in order, and per item its error (its rows then undefined) or None."""
+        if self.dali is not None:
+            return self._fill_dali(batch)
         starts = np.cumsum([0, *(item.tokens for item in batch)])
         pixels = np.empty((starts[-1], self.cfg.patch_dim), self.pixel_dtype)
 
@@ -120,6 +199,28 @@ class Pipeline:
             return result if isinstance(result, ImageInputError) else None
 
         return pixels, list(self._pool.map(fill, range(len(batch))))
+
+    def _fill_dali(self, batch: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
+        """One DALI run over the batch. DALI fails a whole batch on one bad file: then each sample is run
+        alone, the ones DALI refuses become their input's error, and the rest run again together."""
+        samples = list(self._pool.map(lambda item: guard(item.name, item.sample), batch))
+        errors = [s if isinstance(s, ImageInputError) else None for s in samples]
+        samples = [self._blank(item) if error else s for item, s, error in zip(batch, samples, errors, strict=True)]
+        try:
+            return self.dali(samples), errors
+        except RuntimeError:
+            pass
+        for j, decodes in enumerate(self.dali.run_each(samples)):
+            if not decodes:
+                errors[j] = ImageInputError(batch[j].name, "corrupt JPEG data (DALI's decoder refused it)")
+                samples[j] = self._blank(batch[j])
+        return self.dali(samples), errors
+
+    def _blank(self, item: Item) -> Sample:
+        """Stand-in rows (black) for an item that failed, so the batch keeps its layout."""
+        _, h, w = item.grid
+        height, width = h * self.cfg.patch_size, w * self.cfg.patch_size
+        return Sample.of_pixels(bytes(height * width * 3), height, width)
 
 
 def guard(name: str, work: Callable[[], object]) -> object:

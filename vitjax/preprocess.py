@@ -66,7 +66,7 @@ def smart_resize(
     return h_bar, w_bar
 
 
-def _normalized_table() -> np.ndarray:
+def normalized_table() -> np.ndarray:
     """float32 value of every uint8 level after HF's rescale then normalize, in HF's dtype sequence."""
     rescaled = (np.arange(256, dtype=np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
     mean, std = np.float32(IMAGE_MEAN), np.float32(IMAGE_STD)
@@ -85,7 +85,7 @@ def _tables(table: np.ndarray) -> dict[np.dtype, np.ndarray]:
     return {np.dtype(np.float32): table, np.dtype(ml_dtypes.bfloat16): table.astype(ml_dtypes.bfloat16)}
 
 
-_TABLE = _normalized_table()
+_TABLE = normalized_table()
 _TABLES = _tables(_TABLE)
 _VIDEO_TABLES = _tables(_video_table())
 

@@ -1,0 +1,246 @@
+"""decoder="dali" (NVIDIA DALI's CPU backend here) against the exact PIL path: rows, tower outputs, routing, bad input.
+
+What may differ, and the tolerances held: DALI's JPEG decode on the CPU is libjpeg-turbo, bit-identical to PIL's
+(tested), and rescale/normalize is the same 256-entry table, so only the resize differs. DALI runs Pillow's two
+one-axis passes in Pillow's order with uint8 between them, but filters in float where Pillow uses 22-bit fixed
+point (at most 1 level apart inside the image) and clamps at the borders where Pillow renormalizes the cut kernel
+(a few levels in the outer 2-3 pixels). Hence per image: max |rows| difference <= 6 levels (0.047 after
+normalization; measured 5), mean <= 0.25 level (0.002; measured <= 0.011 level on photos, 0.23 on a 7x5 image
+upscaled 45x, which is all border); fp32 tower outputs' cosine similarity >= 0.9999 (measured >= 0.99999).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY, assert_close_to_scale, hf_vision_model
+from PIL import Image
+from safetensors import safe_open
+
+pytest.importorskip("nvidia.dali")
+
+import vitjax  # noqa: E402
+from vitjax.cli import main as cli_main  # noqa: E402
+from vitjax.dali import DaliRows, first_pass  # noqa: E402
+from vitjax.images import ImageInputError  # noqa: E402
+from vitjax.pipeline import Pipeline  # noqa: E402
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image  # noqa: E402
+
+PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
+SMALL = 128 * 128 * 4  # keeps the CPU tower small
+LEVEL = 2 / 255  # one uint8 level after normalization
+
+
+def jpeg(image: Image.Image, **kw) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=92, **kw)
+    return buf.getvalue()
+
+
+def cases() -> dict[str, bytes]:
+    """Every shipped photograph, and JPEGs of odd, tiny, 200:1, 1:200 and EXIF-rotated sizes, and a grey one."""
+    photo = Image.open(PHOTOS[2]).convert("RGB")  # chelsea, 451x300
+    rotated = Image.Exif()
+    rotated[0x0112] = 6  # stored sideways: decoded 300 wide, 451 high
+    return {
+        **{p.name: p.read_bytes() for p in PHOTOS},
+        "odd-517x333.jpg": jpeg(photo.resize((517, 333))),
+        "tiny-7x5.jpg": jpeg(photo.resize((7, 5))),
+        "wide-6400x32.jpg": jpeg(photo.resize((6400, 32))),
+        "tall-32x6400.jpg": jpeg(photo.resize((32, 6400))),
+        "exif6-451x300.jpg": jpeg(photo, exif=rotated.tobytes()),
+        "grey-451x300.jpg": jpeg(photo.convert("L")),
+    }
+
+
+CASES = cases()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return DaliRows(vitjax.VisionConfig.preset("qwen3-vl-2b"))
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return vitjax.Encoder.random(TINY["hd64"], dtype="float32", cache_bytes=0)
+
+
+def dali_rows(rows: DaliRows, inputs: dict[str, object], max_pixels: int) -> tuple[list, np.ndarray, list]:
+    cfg = rows.cfg
+    with Pipeline(cfg, min_pixels=MIN_PIXELS, max_pixels=max_pixels, pixel_dtype=np.float32, dali=rows) as pipe:
+        items = list(pipe.prepare(list(inputs.items())))
+        pixels, errors = pipe.fill(items)
+    return items, pixels, errors
+
+
+def test_first_pass_is_pillows_order():
+    """Pillow's result equals one of its two pass orders; `first_pass` names the one it takes."""
+    rng = np.random.default_rng(0)
+    decided = 0
+    for _ in range(150):
+        width, height = rng.integers(8, 120, 2)
+        out_w, out_h = rng.integers(4, 240, 2)
+        image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        direct = np.asarray(image.resize((out_w, out_h), Image.Resampling.BICUBIC))
+        h1, w1 = first_pass((height, width), (out_h, out_w))
+        two = image.resize((w1, h1), Image.Resampling.BICUBIC).resize((out_w, out_h), Image.Resampling.BICUBIC)
+        np.testing.assert_array_equal(np.asarray(two), direct, err_msg=f"{width}x{height} -> {out_w}x{out_h}")
+        decided += (h1, w1) not in ((height, width), (out_h, out_w))
+    assert decided > 100  # most cases resize both axes, so the order is really tested
+
+
+@pytest.mark.parametrize("max_pixels", [MAX_PIXELS, SMALL])
+def test_rows_match_pil(rows, max_pixels):
+    items, pixels, errors = dali_rows(rows, CASES, max_pixels)
+    assert errors == [None] * len(CASES)
+    start = 0
+    for (name, data), item in zip(CASES.items(), items, strict=True):
+        got = pixels[start : start + item.tokens]
+        start += item.tokens
+        ref, grid = preprocess_image(data, MIN_PIXELS, max_pixels)
+        assert item.grid == tuple(grid[0]), name
+        diff = np.abs(got - ref)
+        if name.endswith(".png"):  # routed to PIL: its pixels pass through DALI untouched
+            assert item.decoder == "pil"
+            np.testing.assert_array_equal(got, ref)
+        else:
+            assert item.decoder == "dali", name
+            assert diff.max() <= 6 * LEVEL and diff.mean() <= 0.25 * LEVEL, (name, diff.max(), diff.mean())
+
+
+def test_dali_decode_is_pils(rows):
+    """Rows at the decoded size (no resize) are bit-identical: decode, EXIF orientation, grey, table, patchify."""
+    photo = Image.open(PHOTOS[2]).convert("RGB").crop((0, 0, 448, 288))
+    inputs = {f"exif{k}.jpg": jpeg(photo, exif=_orientation(k)) for k in range(1, 9)}
+    inputs["progressive.jpg"] = jpeg(photo, progressive=True)
+    inputs["grey.jpg"] = jpeg(photo.convert("L"))
+    inputs["444.jpg"] = jpeg(photo, subsampling=0)
+    items, pixels, _ = dali_rows(rows, inputs, MAX_PIXELS)
+    ref = np.concatenate([preprocess_image(data)[0] for data in inputs.values()])
+    assert [item.decoder for item in items] == ["dali"] * len(inputs)
+    np.testing.assert_array_equal(pixels, ref)
+
+
+def _orientation(k: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = k
+    return exif.tobytes()
+
+
+def test_tower_outputs_match_pil(enc):
+    inputs = list(CASES.values())
+    pil = enc.encode(inputs, max_pixels=SMALL, decoder="pil")
+    dali = enc.encode(inputs, max_pixels=SMALL, decoder="dali")
+    for name, a, b in zip(CASES, pil, dali, strict=True):
+        assert a.grid_thw == b.grid_thw and a.decoder == "pil", name
+        assert b.decoder == ("pil" if name.endswith(".png") else "dali"), name
+        x, y = np.asarray(a.features, np.float64), np.asarray(b.features, np.float64)
+        cosine = (x * y).sum() / np.linalg.norm(x) / np.linalg.norm(y)
+        assert cosine >= 0.9999, (name, cosine)
+
+
+def test_routing(tmp_path):
+    """DALI gets complete RGB/grey JPEGs; PIL keeps CMYK, other formats and pixels; each item says which."""
+    photo = Image.open(PHOTOS[2]).convert("RGB")
+    png = io.BytesIO()
+    photo.save(png, "PNG")
+    inputs = {
+        "rgb": jpeg(photo),
+        "cmyk": jpeg(photo.convert("CMYK")),
+        "png": png.getvalue(),
+        "pil": photo,
+        "array": np.asarray(photo),
+        "trailing": jpeg(photo) + b"appended data",  # no end-of-image marker at the end: PIL decides
+    }
+    cfg = vitjax.VisionConfig.preset("qwen3-vl-2b")
+    with Pipeline(cfg, min_pixels=MIN_PIXELS, max_pixels=SMALL, pixel_dtype=np.float32, dali=DaliRows(cfg)) as pipe:
+        items = list(pipe.prepare(list(inputs.items())))
+    assert [item.decoder for item in items] == ["dali", "pil", "pil", "pil", "pil", "pil"]
+    assert items[0].digest != items[3].digest  # DALI hashes the file, PIL the pixels: never the same cache entry
+
+
+def bad_inputs(tmp_path: Path) -> dict[str, str]:
+    """Files that must each come back as their own error: path -> a fragment of the reason."""
+    good = jpeg(Image.open(PHOTOS[2]).convert("RGB"))
+    (tmp_path / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "text.jpg").write_bytes(b"not an image at all")
+    # PIL reads its header, but every Huffman table is bogus: DALI refuses the whole batch, so it is found alone.
+    huffman = good.index(b"\xff\xc4") + 5
+    bogus = good[:huffman] + b"\xff" * 16 + good[huffman + 16 :]
+    (tmp_path / "bogus-huffman.jpg").write_bytes(bogus)
+    return {
+        str(tmp_path / "truncated.jpg"): "truncated",
+        str(tmp_path / "empty.jpg"): "empty input",
+        str(tmp_path / "text.jpg"): "not a recognised image format",
+        str(tmp_path / "bogus-huffman.jpg"): "corrupt JPEG data (DALI's decoder refused it)",
+    }
+
+
+def test_bad_inputs_are_named_and_the_rest_equal_encoding_alone(enc, tmp_path):
+    bad = bad_inputs(tmp_path)
+    good = [str(PHOTOS[0]), str(PHOTOS[1]), str(PHOTOS[3])]  # a JPEG, a PNG, a JPEG
+    inputs = [good[0], *list(bad)[:2], good[1], *list(bad)[2:], good[2]]
+    results = enc.encode(inputs, max_pixels=SMALL, decoder="dali", errors="return")
+    for name, result in zip(inputs, results, strict=True):
+        if name in bad:
+            assert isinstance(result, ImageInputError) and result.name == name, result
+            assert bad[name] in result.reason, result.reason
+            continue
+        assert result.decoder == ("pil" if name.endswith(".png") else "dali")
+        (alone,) = enc.encode([name], max_pixels=SMALL, decoder="dali")
+        assert_close_to_scale(np.asarray(result.features), np.asarray(alone.features))
+
+
+def test_duplicates_once_and_cache_keys_name_the_decoder():
+    enc = vitjax.Encoder.random(TINY["hd64"], dtype="float32")
+    photo = PHOTOS[0]  # a JPEG
+    first = enc.encode([str(photo), photo.read_bytes(), str(photo)], max_pixels=SMALL, decoder="dali")
+    assert enc.images_encoded == 1 and first[0].features is first[1].features is first[2].features
+    (pil,) = enc.encode([str(photo)], max_pixels=SMALL, decoder="pil")  # other pixels: another entry
+    assert enc.images_encoded == 2 and pil.sha256 != first[0].sha256
+    (again,) = enc.encode([photo.read_bytes()], max_pixels=SMALL, decoder="dali")
+    assert enc.images_encoded == 2 and again.features is first[0].features
+
+
+def test_several_devices_equal_one(enc):
+    inputs = [str(p) for p in PHOTOS]
+    two = vitjax.Encoder.random(TINY["hd64"], dtype="float32", devices=2, cache_bytes=0)
+    for a, b in zip(
+        enc.encode(inputs, max_pixels=SMALL, decoder="dali"),
+        two.encode(inputs, max_pixels=SMALL, decoder="dali"),
+        strict=True,
+    ):
+        assert a.decoder == b.decoder
+        assert_close_to_scale(np.asarray(b.features), np.asarray(a.features))
+
+
+def test_auto_is_pil_without_a_gpu(enc):
+    assert enc.resolve_decoder("auto") == "pil" and enc.resolve_decoder("dali") == "dali"
+    assert enc.encode([str(PHOTOS[1])], max_pixels=SMALL)[0].decoder == "pil"
+    with pytest.raises(ValueError, match="decoder must be one of auto, pil, dali"):
+        enc.resolve_decoder("nvjpeg")
+
+
+def test_cli_decoder_dali_writes_the_same_keys_and_metadata(tmp_path, capsys):
+    hf_vision_model(TINY["hd64"]).save_pretrained(tmp_path / "hf")
+    inputs = [str(p) for p in PHOTOS[:3]]
+    written = {}
+    for decoder in ("pil", "dali"):
+        out = tmp_path / f"{decoder}.safetensors"
+        args = ["encode", *inputs, "--model", str(tmp_path / "hf"), "--max-pixels", str(SMALL), "-o", str(out)]
+        assert cli_main([*args, "--decoder", decoder]) == 0
+        assert f"decoder {decoder}) to {out}" in capsys.readouterr().err
+        with safe_open(out, "np") as f:
+            written[decoder] = (sorted(f.keys()), json.loads(f.metadata()["vitjax"]))
+    (keys_pil, meta_pil), (keys_dali, meta_dali) = written["pil"], written["dali"]
+    assert keys_pil == keys_dali and meta_pil.keys() == meta_dali.keys()
+    assert meta_pil["decoder"] == "pil" and meta_dali["decoder"] == "dali"
+    for a, b, path in zip(meta_pil["images"], meta_dali["images"], PHOTOS[:3], strict=True):
+        assert a.keys() == b.keys() and a["grid_thw"] == b["grid_thw"] and a["source"] == b["source"]
+        assert (a["decoder"], b["decoder"]) == ("pil", "pil" if path.suffix == ".png" else "dali")
