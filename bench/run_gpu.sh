@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one command (device time is scarce: one machine start, one call).
-#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep encode
+#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep encode decode
 # Each step has its own time limit so one slow step cannot starve the rest; logs go to $OUT/<step>.log,
 # the benchmark's JSON lines and plot to $OUT/results/.
 set -u -o pipefail
@@ -33,6 +33,9 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2,sp2 --no-parts --no-warm-start ;;
     sweep) run sweep 420 python3 bench/bench_vit.py --out "$OUT/results" --sweep ;;
     encode) run encode 300 python3 bench/bench_encode.py --out "$OUT/results" --devices "${ENCODE_DEVICES:-1}" ;;
+    # needs NVIDIA DALI importable there (nvidia-dali-cuda130, not in the device image)
+    decode) for size in 960x1280 1000x1333; do
+            run "decode-$size" 300 python3 bench/bench_decode.py --size "$size" --out "$OUT/results"; done ;;
     *) echo "unknown step $step" ;;
     esac
 done

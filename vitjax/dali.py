@@ -114,8 +114,11 @@ class DaliRows:
         pipe = self._pipeline(len(samples))
         sizes = [s.size for s in samples]
         pipe.feed_input("data", [s.data for s in samples])
-        pipe.feed_input("first", [np.array(first_pass(s.decoded, s.size), np.float32) for s in samples])
+        firsts = [first_pass(s.decoded, s.size) for s in samples]
+        pipe.feed_input("first", [np.array(first, np.float32) for first in firsts])
         pipe.feed_input("size", [np.array(size, np.float32) for size in sizes])
+        pipe.feed_input("r1", [np.array(f != s.decoded) for f, s in zip(firsts, samples, strict=True)])
+        pipe.feed_input("r2", [np.array(f != s.size) for f, s in zip(firsts, samples, strict=True)])
         pipe.feed_input("windows", [np.array([h // p // m, m, p, w // p // m, m, p, 3], np.int32) for h, w in sizes])
         pipe.feed_input("patches", [np.array([h * w // (p * p), 3, 1, p * p], np.int32) for h, w in sizes])
         (out,) = pipe.run()
@@ -153,19 +156,25 @@ class DaliRows:
             device_id=None if self.device is None else self.device.local_hardware_id,
             prefetch_queue_depth=1,
             exec_dynamic=True,
+            enable_conditionals=True,
         )
         def rows():
             data = fn.external_source(name="data", dtype=types.UINT8, ndim=1)
             first, size = (fn.external_source(name=n, dtype=types.FLOAT, ndim=1) for n in ("first", "size"))
             windows, patches = (fn.external_source(name=n, dtype=types.INT32, ndim=1) for n in ("windows", "patches"))
+            resize_first, resize_second = (fn.external_source(name=n, dtype=types.BOOL, ndim=0) for n in ("r1", "r2"))
             image = fn.decoders.image(data, output_type=types.RGB, **decode)
-            for target in (first, size):  # one axis per pass, rounded to uint8 in between (as Pillow does)
-                image = fn.resize(image, size=target, interp_type=types.INTERP_CUBIC, antialias=True)
+            # One axis per pass, rounded to uint8 in between, as Pillow does; a pass that keeps the size is skipped
+            # per sample (DALI would still filter: a second per 20 photos on two CPU cores).
+            if resize_first:
+                image = fn.resize(image, size=first, interp_type=types.INTERP_CUBIC, antialias=True)
+            if resize_second:
+                image = fn.resize(image, size=size, interp_type=types.INTERP_CUBIC, antialias=True)
             x = fn.reshape(image, shape=windows)  # (bh, m, p, bw, m, p, C)
             x = fn.transpose(x, perm=[0, 3, 1, 4, 6, 2, 5])  # (bh, bw, m, m, C, p, p): merge-window order
             x = fn.reshape(x, shape=patches)  # (patches, C, 1, p*p)
-            x = fn.cat(*[x] * t, axis=2) if t > 1 else x  # the still frame repeated over the temporal axis
-            return fn.lookup_table(x, keys=list(range(256)), values=normalized_table().tolist(), dtype=types.FLOAT)
+            x = fn.lookup_table(x, keys=list(range(256)), values=normalized_table().tolist(), dtype=types.FLOAT)
+            return fn.cat(*[x] * t, axis=2) if t > 1 else x  # the still frame repeated over the temporal axis
 
         pipe = rows()
         pipe.build()
