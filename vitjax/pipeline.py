@@ -46,7 +46,7 @@ class Item:
     digest: str  # sha256 of what the decoder decodes (PIL: the RGB pixels, DALI: the file); part of the cache key
     grid: layout.Grid  # (t, h, w) in patches
     fill: Callable[[np.ndarray], object] | None  # writes the item's rows into a [tokens, patch_dim] host buffer
-    sample: Callable[[], Sample]  # what DALI turns into the item's rows
+    sample: Callable[[], Sample] | None = None  # what DALI turns into the item's rows (None: no DALI path)
     decoder: str = "pil"  # the backend that made (or makes) the pixels
 
     @property
@@ -203,7 +203,7 @@ class Pipeline:
     def _fill_dali(self, batch: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
         """One DALI run over the batch. DALI fails a whole batch on one bad file: then each sample is run
         alone, the ones DALI refuses become their input's error, and the rest run again together."""
-        samples = list(self._pool.map(lambda item: guard(item.name, item.sample), batch))
+        samples = list(self._pool.map(lambda item: guard(item.name, item.sample or _no_dali), batch))
         errors = [s if isinstance(s, ImageInputError) else None for s in samples]
         samples = [self._blank(item) if error else s for item, s, error in zip(batch, samples, errors, strict=True)]
         try:
@@ -221,6 +221,10 @@ class Pipeline:
         _, h, w = item.grid
         height, width = h * self.cfg.patch_size, w * self.cfg.patch_size
         return Sample.of_pixels(bytes(height * width * 3), height, width)
+
+
+def _no_dali() -> Sample:
+    raise ValueError("decoder='dali' has no path for this input; use decoder='pil'")
 
 
 def guard(name: str, work: Callable[[], object]) -> object:
