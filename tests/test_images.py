@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,24 @@ def test_directory_expands_recursively_in_sorted_order(tmp_path):
     expected = ["a/b/c.webp", "a/y.tiff", "a/z.JPG", "b.png", "c.gif", "d.bmp", "e.jpeg", "f.tif"]
     assert names == [str(tmp_path / rel) for rel in expected]
     assert [src for _, src in expand_inputs(str(tmp_path))] == [tmp_path / rel for rel in expected]
+
+
+def test_directory_scan_follows_links_once_and_keeps_what_it_cannot_read(tmp_path):
+    """A linked folder is searched once (under its real name when that is in the tree too), a link back up
+    ends, a broken link is kept as an input (loading it says why), a fifo named like an image is refused."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "x.png").write_bytes(b"x")
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "up").symlink_to(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "y.gif").write_bytes(b"y")
+    (tmp_path / "real" / "more").symlink_to(tmp_path / "other")
+    (tmp_path / "dead.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    os.mkfifo(tmp_path / "pipe.png")
+    names = [name for name, _ in expand_inputs([tmp_path])]
+    assert names == [str(tmp_path / p) for p in ("dead.jpg", "other/y.gif", "pipe.png", "real/x.png")]
+    expect_error(tmp_path / "dead.jpg", f"broken symbolic link \\(to {tmp_path / 'nowhere.jpg'}\\)")
+    expect_error(tmp_path / "pipe.png", "not a regular file")
 
 
 def test_expand_keeps_order_and_names_every_kind(tmp_path):

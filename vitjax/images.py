@@ -52,10 +52,26 @@ def input_name(source: object, index: int = 0) -> str:
 
 
 def _images_under(directory: Path) -> list[Path]:
-    """Image files below `directory`, recursively, sorted; hidden files and folders are skipped."""
-    found = (p for p in directory.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-    visible = (p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts))
-    return sorted(visible)
+    """Files below `directory` with an image extension, recursively, sorted; links to folders are followed, and
+    a folder reached twice (by a link, or a link back up) is searched once.
+
+    Hidden files and folders are skipped. What looks like an input but cannot be one is kept, so that loading
+    it reports why by name: broken links, unreadable files, and folders that cannot be listed.
+    """
+    found: list[Path] = []
+    seen: set[str] = set()
+    for root, dirs, files in os.walk(directory, followlinks=True, onerror=lambda e: found.append(Path(e.filename))):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
+        visible = sorted(d for d in dirs if not d.startswith("."))  # folders before links: real names win
+        dirs[:] = sorted(visible, key=lambda d: os.path.islink(os.path.join(root, d)))
+        found.extend(
+            Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_EXTENSIONS
+        )
+    return sorted(found)
 
 
 def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str, object]]:
@@ -88,15 +104,40 @@ def _data_uri_bytes(uri: str) -> bytes:
         raise ValueError(f"data URI payload is not valid base64 ({e})") from e
 
 
+def _missing(path: Path) -> str | None:
+    """Why `path` names nothing, or None when it exists."""
+    if path.exists():
+        return None
+    return f"broken symbolic link (to {os.readlink(path)})" if path.is_symlink() else "no such file"
+
+
+def path_error(name: str, source: object) -> ImageInputError | None:
+    """The error a path input that names nothing will get, found without reading anything (None otherwise):
+    lets a caller report missing files before it spends time on a model."""
+    if not isinstance(source, (str, os.PathLike)) or str(source).startswith(("data:", "http://", "https://")):
+        return None
+    reason = _missing(Path(source))
+    return None if reason is None else ImageInputError(name, reason)
+
+
 def _read_path(path: Path) -> bytes:
+    reason = _missing(path)
+    if reason is not None:
+        raise ValueError(reason)
     if path.is_dir():
+        try:
+            os.listdir(path)
+        except OSError as e:
+            raise ValueError(f"cannot list directory ({e.strerror or e})") from e
         if not _images_under(path):
             exts = ", ".join(sorted(e[1:] for e in IMAGE_EXTENSIONS))
             raise ValueError(f"directory contains no image files ({exts})")
         raise ValueError("is a directory; expand it with expand_inputs()")
+    if not path.is_file():
+        raise ValueError("not a regular file")
     try:
         return path.read_bytes()
-    except FileNotFoundError as e:
+    except FileNotFoundError as e:  # removed since the check above
         raise ValueError("no such file") from e
     except OSError as e:
         raise ValueError(f"cannot read file ({e.strerror or e})") from e
