@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("VITJAX_CACHE_DIR", "off")  # tests leave no compilation cache in the user's home
@@ -31,6 +32,8 @@ TINY = {
         depth=4, hidden_size=144, num_heads=2, intermediate_size=80, out_hidden_size=48, deepstack_visual_indexes=(1, 2)
     ),
 }
+PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
+MAX_PIXELS = 128 * 128 * 4  # keeps the CPU tower small in encode tests; the preprocessing tests cover the defaults
 # Several images and a t=2 video packed together; non-square grids; a single 2x2 image.
 GRIDS = [(1, 6, 8), (2, 4, 10), (1, 2, 2), (1, 12, 4)]
 
@@ -118,3 +121,13 @@ def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"hf-{request.param}")
     model.save_pretrained(path)
     return cfg, model, path
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """A tiny HF tower saved locally and converted to vitjax's orbax format."""
+    from vitjax.weights import convert
+
+    hf_dir = tmp_path_factory.mktemp("hf")
+    hf_vision_model(TINY["hd64"]).save_pretrained(hf_dir)
+    return convert(hf_dir, tmp_path_factory.mktemp("converted") / "tiny", progress=False)

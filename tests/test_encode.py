@@ -4,33 +4,25 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import TINY, hf_vision_model, make_hf
+from conftest import MAX_PIXELS, PHOTOS, make_hf
 from PIL import Image
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import vitjax
-from vitjax.cache import EmbeddingCache
+from vitjax.cache import EmbeddingCache, pixel_digest
 from vitjax.cli import main as cli_main
-from vitjax.images import ImageInputError
-from vitjax.weights import convert
-
-PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
-MAX_PIXELS = 128 * 128 * 4  # keeps the CPU tower small; the preprocessing tests cover the defaults
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny HF tower saved locally and converted to vitjax's orbax format."""
-    cfg = TINY["hd64"]
-    hf_dir = tmp_path_factory.mktemp("hf")
-    hf_vision_model(cfg).save_pretrained(hf_dir)
-    return convert(hf_dir, tmp_path_factory.mktemp("converted") / "tiny", progress=False)
+from vitjax.images import ImageInputError, load_image
+from vitjax.pipeline import Item, Pipeline
+from vitjax.preprocess import MIN_PIXELS
 
 
 @pytest.fixture()
@@ -81,7 +73,7 @@ def test_duplicates_are_encoded_once_and_hits_are_identical(enc):
     assert enc.images_encoded == 1 and enc.cache.stats.hits == 1
     assert again[0].features is first[0].features
     # Other preprocessing settings are another key.
-    enc.encode([str(photo)], max_pixels=MAX_PIXELS // 4)
+    enc.encode([str(photo)], min_pixels=MAX_PIXELS // 4, max_pixels=MAX_PIXELS // 4)
     assert enc.images_encoded == 2 and enc.cache.stats.misses == 2
 
 
@@ -125,7 +117,7 @@ def _bad_inputs(tmp: Path) -> dict[str, str]:
     }
 
 
-def test_bad_inputs_do_not_cost_the_batch(enc, tmp_path, monkeypatch):
+def test_bad_inputs_do_not_cost_the_batch(enc, checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400_000)  # bomb.png is over it, under PIL's own 2x error
     bad = _bad_inputs(tmp_path)
     Image.new("RGB", (1, 1), "green").save(tmp_path / "dot.png")  # valid: HF upsamples it to 256x256
@@ -136,8 +128,88 @@ def test_bad_inputs_do_not_cost_the_batch(enc, tmp_path, monkeypatch):
     for (name, fragment), err in zip(bad.items(), results[1:-1], strict=True):
         assert err.name == name and str(err).startswith(name) and fragment in str(err), str(err)
     assert results[-1].grid_thw == (1, 16, 16) and results[-1].embeds.shape == (64, enc.cfg.out_hidden_size)
+    alone = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
+    for path, res in zip(good, (results[0], results[-1]), strict=True):
+        (ref,) = alone.encode([path], max_pixels=MAX_PIXELS)
+        np.testing.assert_allclose(np.asarray(res.features), np.asarray(ref.features), rtol=1e-5, atol=1e-5)
     with pytest.raises(ImageInputError, match="empty.jpg: empty input"):
         enc.encode(inputs, max_pixels=MAX_PIXELS)
+
+
+def test_broken_link_in_a_folder_is_reported_by_name(enc, tmp_path):
+    (tmp_path / "a.png").symlink_to(PHOTOS[0])
+    (tmp_path / "b.jpg").symlink_to(tmp_path / "gone.jpg")
+    good, broken = enc.encode([tmp_path], max_pixels=MAX_PIXELS, errors="return")
+    assert good.name == str(tmp_path / "a.png") and good.grid_thw[0] == 1
+    assert str(broken) == f"{tmp_path / 'b.jpg'}: broken symbolic link (to {tmp_path / 'gone.jpg'})"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file and folder")
+def test_unreadable_folder_is_reported_by_name(enc, tmp_path):
+    (tmp_path / "locked").mkdir()
+    Image.new("RGB", (64, 64)).save(tmp_path / "locked" / "x.png")
+    (tmp_path / "locked").chmod(0)
+    try:
+        (err,) = enc.encode([tmp_path], max_pixels=MAX_PIXELS, errors="return")
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    assert str(err).startswith(f"{tmp_path / 'locked'}: cannot list directory (Permission denied")
+
+
+def test_small_batches_stream_the_same_embeddings(enc, checkpoint):
+    """Calls of one image each (the smallest batch_tokens allowed) give what one call for all gives."""
+    paths = [str(p) for p in PHOTOS[:4]]
+    whole = enc.encode(paths, max_pixels=MAX_PIXELS)
+    single = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
+    streamed = single.encode(paths, max_pixels=MAX_PIXELS, batch_tokens=MAX_PIXELS // 256)
+    assert single.images_encoded == 4
+    for a, b in zip(whole, streamed, strict=True):
+        assert a.grid_thw == b.grid_thw and a.sha256 == b.sha256
+        np.testing.assert_allclose(np.asarray(a.features), np.asarray(b.features), rtol=1e-5, atol=1e-5)
+
+
+def test_prepare_runs_a_bounded_window_ahead(enc):
+    """However many inputs come, at most `window` are read ahead of what the consumer has taken."""
+    data = PHOTOS[0].read_bytes()
+    read = []
+
+    def inputs():
+        for i in range(20):
+            read.append(i)
+            yield f"<bytes #{i}>", data
+
+    with Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32, window=3) as pipe:
+        for taken, item in enumerate(pipe.prepare(inputs()), start=1):
+            assert isinstance(item, Item) and len(read) - taken <= 3 - 1
+    assert taken == 20
+
+
+def test_an_image_another_thread_is_encoding_is_waited_for(enc):
+    """In-flight deduplication: while one caller holds the claim on an image, another encode of it waits for
+    that caller's result instead of computing it again."""
+    path = str(PHOTOS[0])
+    settings = Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32).settings
+    key = (enc.model_id, pixel_digest(load_image(path)), settings)
+    assert enc.cache.claim(key) is None  # this thread is "encoding" it now
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(enc.encode, [path], max_pixels=MAX_PIXELS)
+        deadline = time.monotonic() + 60
+        while enc.cache.stats.hits == 0:  # the other encode found the claim (a miss would compute it)
+            assert time.monotonic() < deadline and not waiting.done(), waiting.exception()
+            time.sleep(0.01)
+        pixels, grid = hf_pixels(PHOTOS[0])
+        value = ((1, *grid[0, 1:].tolist()), enc.encode_patches(pixels, grid)[0])
+        enc.cache.put(key, value)
+        (res,) = waiting.result()
+    assert res.features is value[1] and enc.images_encoded == 0
+    # A claim given up with an input error hands the waiter that error, named as the waiter named its input.
+    other = (enc.model_id, "other digest", settings)
+    assert enc.cache.claim(other) is None
+    future = enc.cache.claim(other)
+    enc.cache.abandon(other, ImageInputError("first.png", "corrupt"))
+    with pytest.raises(ImageInputError, match="first.png: corrupt"):
+        future.result()
+    assert enc.cache.claim(other) is None  # abandoned: the next caller computes it
 
 
 def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):

@@ -10,15 +10,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import make_hf
+from conftest import PHOTOS, make_hf
 from PIL import Image, ImageOps
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 
 from vitjax.images import ImageInputError
 from vitjax.preprocess import preprocess_image, smart_resize
-
-PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,8 @@
-"""Per-image embedding cache: LRU, bounded in bytes, keyed by decoded-pixel content and settings."""
+"""Per-image embedding cache: LRU, bounded in bytes, keyed by decoded-pixel content and settings.
+
+Callers that compute values `claim` a key first: while one caller computes a key, others that claim it get a
+`Future` of its value, so an image requested by several threads at once is computed once.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +47,7 @@ class EmbeddingCache:
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = int(max_bytes)
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._pending: dict[Hashable, Future] = {}  # keys claimed by a caller computing them now
         self._lock = threading.Lock()
         self._stats = CacheStats()
 
@@ -55,20 +61,46 @@ class EmbeddingCache:
             self._stats.hits += 1
             return item[0]
 
+    def claim(self, key: Hashable) -> Any | Future | None:
+        """The cached value (a hit); else a `Future` of it when another caller is computing it (also a hit); else
+        None: the key is now the caller's to compute, and it must `put` it or `abandon` it."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+                self._stats.hits += 1
+                return item[0]
+            if key in self._pending:
+                self._stats.hits += 1
+                return self._pending[key]
+            self._stats.misses += 1
+            self._pending[key] = Future()
+            return None
+
+    def abandon(self, key: Hashable, error: BaseException) -> None:
+        """Give up a claimed key: whoever waits on it gets `error` raised."""
+        with self._lock:
+            pending = self._pending.pop(key, None)
+        if pending is not None:
+            pending.set_exception(error)
+
     def put(self, key: Hashable, value: Any) -> None:
+        """Store `value` (unless it alone is over the budget) and hand it to whoever waits on the key."""
         size = nbytes(value)
         with self._lock:
+            pending = self._pending.pop(key, None)
             old = self._items.pop(key, None)
             if old is not None:
                 self._stats.bytes -= old[1]
-            if size > self.max_bytes:
-                return
-            while self._items and self._stats.bytes + size > self.max_bytes:
-                _, (_, freed) = self._items.popitem(last=False)
-                self._stats.bytes -= freed
-                self._stats.evictions += 1
-            self._items[key] = (value, size)
-            self._stats.bytes += size
+            if size <= self.max_bytes:
+                while self._items and self._stats.bytes + size > self.max_bytes:
+                    _, (_, freed) = self._items.popitem(last=False)
+                    self._stats.bytes -= freed
+                    self._stats.evictions += 1
+                self._items[key] = (value, size)
+                self._stats.bytes += size
+        if pending is not None:
+            pending.set_result(value)
 
     def __contains__(self, key: Hashable) -> bool:
         with self._lock:

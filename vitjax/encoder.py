@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import uuid
+from collections import deque
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +26,9 @@ from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices
-from vitjax.pipeline import DECODERS, Item, Pipeline, batches
+from vitjax.pipeline import DECODERS, Batch, Item, Pipeline
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
-
-# Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
-# the device's work (20 x 960x1280 JPEGs on an H200: 471 ms vs 532 ms in one call, bench/NOTES.md).
-BATCH_TOKENS = 24576
+from vitjax.settings import PIXEL_LIMIT, EncodeSettings
 
 
 def abstract_tower(cfg: VisionConfig, dtype: jnp.dtype) -> VisionTower:
@@ -178,50 +178,77 @@ class Encoder:
         *,
         min_pixels: int = MIN_PIXELS,
         max_pixels: int = MAX_PIXELS,
-        batch_tokens: int = BATCH_TOKENS,
+        pixel_limit: int = PIXEL_LIMIT,
+        batch_tokens: int | None = None,
         errors: str = "raise",
         progress: bool = False,
         decoder: str = "auto",
     ) -> list[Encoded | ImageInputError]:
         """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) -> one `Encoded` each, in order.
 
-        A thin driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads, looked up
-        in the cache, and the misses go in batches of at most `batch_tokens` patches per device through
-        `fill` (rows written straight into each call's pixel buffer) and `encode_patches`, whose asynchronous
-        dispatch lets the next batch's preprocessing overlap the device's work on the last. An image seen
-        before (same pixels, settings and weights) comes from the cache; duplicates within a request are
-        encoded once. With `errors="return"` a bad input yields its `ImageInputError` in its slot and the
-        rest are still encoded; with "raise" it is raised. `decoder` picks the decode backend (see
-        `resolve_decoder`); each result's `decoder` says which one made its pixels.
+        A driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads a bounded window
+        ahead, looked up in the cache, and the misses' rows written straight into the buffer of the next tower
+        call of at most `batch_tokens` patches per device (default `BATCH_TOKENS`, or the largest image's
+        patches if more); calls are dispatched asynchronously, at most two in flight, so host memory does not
+        grow with the number of images and the host's work overlaps the device's. An image seen before (same
+        pixels, settings and weights) comes from the cache; one that another thread is encoding right now is
+        waited for; duplicates within a request are encoded once. Every setting is checked first
+        (`vitjax.settings`: a `SettingError` names it). With `errors="return"` a bad input yields its
+        `ImageInputError` in its slot and the rest are still encoded; with "raise" the first is raised, after
+        the others are encoded and cached. `decoder` picks the decode backend (see `resolve_decoder`); each
+        result's `decoder` says which one made its pixels.
         """
-        if errors not in ("raise", "return"):
-            raise ValueError(f"errors must be 'raise' or 'return', not {errors!r}")
+        checked = EncodeSettings(min_pixels, max_pixels, pixel_limit, batch_tokens, errors, progress, decoder)
+        settings = checked.checked(self.cfg)
         rows = self._dali_rows() if self.resolve_decoder(decoder) == "dali" else None
         items = expand_inputs(images)
         # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
         pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
         options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": pixel_dtype, "dali": rows}
-        with Pipeline(self.cfg, **options) as pipe:
-            prepared = list(pipe.prepare(items))
-            found: dict[str, tuple[layout.Grid, jax.Array] | ImageInputError] = {}
-            todo: dict[str, Item] = {}  # digest -> item, cache misses
-            for entry in prepared:
-                if isinstance(entry, ImageInputError) or entry.digest in found or entry.digest in todo:
-                    continue
-                cached = self.cache.get((self.model_id, *pipe.cache_key(entry)))
-                if cached is not None:
-                    found[entry.digest] = cached
-                else:
-                    todo[entry.digest] = entry
-            with tqdm(total=len(todo), desc="encoding", unit="image", disable=not progress) as bar:
-                for batch in batches(todo.values(), batch_tokens * len(self.parallel.engines)):
-                    found.update(self._encode_batch(pipe, batch))
-                    bar.update(len(batch))
+        budget = settings.batch_tokens * len(self.parallel.engines)
+        outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
+        found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key
+        claimed: set[tuple] = set()  # cache keys this call must put or abandon
+        bar = tqdm(total=len(items), desc="encoding", unit="image", disable=not progress)
+        lock = threading.Lock()  # the bar advances from the workers too, as each image's rows are made
+
+        def advance() -> None:
+            with lock:
+                bar.update()
+
+        with Pipeline(self.cfg, **options) as pipe, bar:
+            try:
+                batch, in_flight = None, deque()
+                for item in pipe.prepare(items):
+                    key = None if isinstance(item, ImageInputError) else (self.model_id, *pipe.cache_key(item))
+                    outcome.append(item if key is None else dataclasses.replace(item, fill=None, sample=None))
+                    if key is None or key in found:
+                        advance()
+                        continue
+                    found[key] = self.cache.claim(key)
+                    if found[key] is not None:  # cached, or another thread is encoding it
+                        advance()
+                        continue
+                    claimed.add(key)
+                    if batch is not None and not batch.fits(item):
+                        self._dispatch(pipe, batch, found, claimed, in_flight)
+                        batch = None
+                    batch = batch or pipe.batch(max(budget, item.tokens))
+                    batch.add(item, advance)
+                    del item  # its decoded image goes once its rows are made
+                if batch is not None:
+                    self._dispatch(pipe, batch, found, claimed, in_flight)
+            except BaseException as e:
+                for key in claimed:  # whoever waits on these must not wait forever
+                    self.cache.abandon(key, RuntimeError(f"the encode computing this image failed: {e!r}"))
+                raise
+            keys = [None if isinstance(e, ImageInputError) else (self.model_id, *pipe.cache_key(e)) for e in outcome]
         results: list[Encoded | ImageInputError] = []
-        for (name, _), entry in zip(items, prepared, strict=True):
-            value = entry if isinstance(entry, ImageInputError) else found[entry.digest]
+        for (name, _), entry, key in zip(items, outcome, keys, strict=True):
+            value = entry if key is None else _settled(found[key])
             if isinstance(value, ImageInputError):
-                if errors == "raise":
+                value = value if value.name == name else ImageInputError(name, value.reason)
+                if settings.errors == "raise":
                     raise value
                 results.append(value)
             else:
@@ -251,17 +278,31 @@ class Encoder:
                 self._dali = dali.DaliRows(self.cfg, self.parallel.engines[0].devices[0])
             return self._dali
 
-    def _encode_batch(self, pipe: Pipeline, batch: list[Item]) -> dict:
-        """Fill one pixel buffer, dispatch one `encode_patches` (asynchronous), cache and return
-        digest -> (grid, features) or error."""
-        pixels, failed = pipe.fill(batch)
-        outs = self.encode_patches(pixels, np.array([item.grid for item in batch]))
-        self.images_encoded += len(batch)
-        done = {}
-        for item, error, out in zip(batch, failed, outs, strict=True):
+    def _dispatch(self, pipe: Pipeline, batch: Batch, found: dict, claimed: set, in_flight: deque) -> None:
+        """One `encode_patches` on the batch's rows (asynchronous); its results go to `found` and the cache. With
+        two calls in flight, wait for the older one first, so queued calls cannot pile up host buffers."""
+        pixels, failed = batch.finish()
+        if len(in_flight) >= 2:
+            jax.block_until_ready(in_flight.popleft())
+        outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]))
+        in_flight.append(outs)
+        self.images_encoded += len(batch.items)
+        for item, error, out in zip(batch.items, failed, outs, strict=True):
+            key = (self.model_id, *pipe.cache_key(item))
+            claimed.discard(key)
             if error is not None:
-                done[item.digest] = error
+                found[key] = error
+                self.cache.abandon(key, error)
             else:
-                done[item.digest] = (item.grid, out)
-                self.cache.put((self.model_id, *pipe.cache_key(item)), done[item.digest])
-        return done
+                found[key] = (item.grid, out)
+                self.cache.put(key, found[key])
+
+
+def _settled(value: object) -> object:
+    """A value found for a digest; a `Future` (another thread encoded it) is waited for, its input error returned."""
+    if not isinstance(value, Future):
+        return value
+    try:
+        return value.result()
+    except ImageInputError as e:
+        return e

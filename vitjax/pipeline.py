@@ -4,8 +4,9 @@ Every input goes through two steps, so that the cache and the call planner know 
 its pixel rows exist:
 - `prepare` (one input, in a worker thread): decode it, hash the decoded content, work out its patch
   grid; the result is an `Item` (name, digest, grid_thw, and a `fill` that writes its rows later).
-- `fill` (one tower call's batch of items): one pixel buffer, every item's rows written into its slice
-  in worker threads, straight from the decoded image.
+- `Batch.add` (one tower call's buffer, item after item): every item's rows written into its slice in
+  worker threads, straight from the decoded image, which is then let go (with DALI: the item's sample is
+  made in the workers, and `Batch.finish` runs DALI once over the batch).
 A decode backend is a `Decoder` (a `prepare` for one input). `PilDecoder` is the CPU one, bit-identical to
 HF's processor. `DaliDecoder` hands whole batches to NVIDIA DALI (`vitjax.dali`: nvJPEG and the hardware decoder
 on a GPU, its CPU backend elsewhere) and writes rows PIL did not make: the JPEGs DALI decodes exactly as PIL does
@@ -16,11 +17,14 @@ An item's grid may have t > 1 (a video's temporal groups): nothing here assumes 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import io
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -154,6 +158,10 @@ class Pipeline:
     run (on the device DALI runs on, for a GPU); else `PilDecoder` writes them into a host buffer of
     `pixel_dtype`. `settings` identifies what else changes the rows (the pixel bounds); `cache_key` joins them
     with an item's decoder and digest.
+
+    Host memory stays bounded however many inputs come: `prepare` runs at most `window` inputs ahead of the
+    consumer, and at most `window` taken items wait for their rows (or DALI sample) to be made, so at most
+    2 x `window` decoded images exist at a time.
     """
 
     def __init__(
@@ -165,6 +173,7 @@ class Pipeline:
         pixel_dtype: np.dtype,
         dali: DaliRows | None = None,
         workers: int | None = None,
+        window: int | None = None,
     ):
         self.cfg = cfg
         self.pixel_dtype = np.dtype(pixel_dtype)
@@ -172,38 +181,53 @@ class Pipeline:
         backend = PilDecoder if dali is None else DaliDecoder
         self.decoder: Decoder = backend(cfg, min_pixels, max_pixels)
         self.settings = (min_pixels, max_pixels)
-        self._pool = ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1), "vitjax-pipeline")
+        workers = workers or min(8, os.cpu_count() or 1)
+        self.window = window or 2 * workers
+        self._pool = ThreadPoolExecutor(workers, "vitjax-pipeline")
+        self._making: deque[Future] = deque()  # items taken whose rows or samples are not made yet
 
     def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._pool.shutdown()
+        self._pool.shutdown(cancel_futures=exc[0] is not None)
 
     def cache_key(self, item: Item) -> tuple:
         return (item.decoder, item.digest, *self.settings)
 
     def prepare(self, items: Iterable[tuple[str, object]]) -> Iterator[Item | ImageInputError]:
         """`(name, source)` pairs -> an `Item` or the input's error each, in order, prepared in the workers."""
-        return self._pool.map(lambda item: guard(item[0], lambda: self.decoder.prepare(*item)), items)
+        ahead: deque[Future] = deque()
+        items = iter(items)
+        while True:
+            while len(ahead) < self.window and (item := next(items, None)) is not None:
+                ahead.append(self._pool.submit(guard, item[0], functools.partial(self.decoder.prepare, *item)))
+            if not ahead:
+                return
+            yield ahead.popleft().result()
 
-    def fill(self, batch: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
-        """The batch's rows, concatenated in order, and per item its error (its rows then undefined) or None."""
-        if self.dali is not None:
-            return self._fill_dali(batch)
-        starts = np.cumsum([0, *(item.tokens for item in batch)])
-        pixels = np.empty((starts[-1], self.cfg.patch_dim), self.pixel_dtype)
+    def batch(self, rows: int) -> Batch:
+        """An empty batch of `rows` rows (pages of a host buffer are touched only as rows are written)."""
+        pixels = None if self.dali is not None else np.empty((rows, self.cfg.patch_dim), self.pixel_dtype)
+        return Batch(self, rows, pixels)
 
-        def fill(j: int) -> ImageInputError | None:
-            result = guard(batch[j].name, lambda: batch[j].fill(pixels[starts[j] : starts[j + 1]]))
-            return result if isinstance(result, ImageInputError) else None
+    def fill(self, items: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
+        """The rows of `items`, concatenated in order, and per item its error (its rows then undefined) or None."""
+        batch = self.batch(sum(item.tokens for item in items))
+        for item in items:
+            batch.add(item)
+        return batch.finish()
 
-        return pixels, list(self._pool.map(fill, range(len(batch))))
+    def _make(self, work: Callable, *args) -> Future:
+        """Run `work(*args)` in a worker; the caller waits here while `window` earlier items are still unmade."""
+        self._making.append(self._pool.submit(work, *args))
+        while len(self._making) > self.window or (self._making and self._making[0].done()):
+            self._making.popleft().result()
+        return self._making[-1]
 
-    def _fill_dali(self, batch: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
+    def _run_dali(self, batch: Sequence[Item], samples: list) -> tuple[np.ndarray | jax.Array, list]:
         """One DALI run over the batch. DALI fails a whole batch on one bad file: then each sample is run
         alone, the ones DALI refuses become their input's error, and the rest run again together."""
-        samples = list(self._pool.map(lambda item: guard(item.name, item.sample or _no_dali), batch))
         errors = [s if isinstance(s, ImageInputError) else None for s in samples]
         samples = [self._blank(item) if error else s for item, s, error in zip(batch, samples, errors, strict=True)]
         try:
@@ -223,6 +247,46 @@ class Pipeline:
         return Sample.of_pixels(bytes(height * width * 3), height, width)
 
 
+class Batch:
+    """One tower call's rows: items are added in order, and made by the workers meanwhile (PIL: rows written
+    into the host buffer; DALI: samples, run together by `finish`). `items` keeps each item without its
+    pixels, so a decoded image lives only until its rows or sample exist."""
+
+    def __init__(self, pipe: Pipeline, capacity: int, pixels: np.ndarray | None):
+        self._pipe = pipe
+        self.capacity = capacity
+        self._pixels = pixels
+        self.rows = 0
+        self.items: list[Item] = []
+        self._made: list[Future] = []
+
+    def fits(self, item: Item) -> bool:
+        return self.rows + item.tokens <= self.capacity
+
+    def add(self, item: Item, done: Callable[[], object] = lambda: None) -> None:
+        """Queue `item` after the last ones; `done()` is called once its rows (or sample) are made."""
+        if self._pixels is None:
+            future = self._pipe._make(guard, item.name, item.sample or _no_dali)
+        else:
+            future = self._pipe._make(_fill_rows, item, self._pixels[self.rows : self.rows + item.tokens])
+        future.add_done_callback(lambda _: done())
+        self._made.append(future)
+        self.rows += item.tokens
+        self.items.append(dataclasses.replace(item, fill=None, sample=None))
+
+    def finish(self) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
+        """The rows, in order, and per item its error (its rows then undefined) or None."""
+        made = [future.result() for future in self._made]
+        if self._pixels is None:
+            return self._pipe._run_dali(self.items, made)
+        return self._pixels[: self.rows], made
+
+
+def _fill_rows(item: Item, rows: np.ndarray) -> ImageInputError | None:
+    result = guard(item.name, lambda: item.fill(rows))
+    return result if isinstance(result, ImageInputError) else None
+
+
 def _no_dali() -> Sample:
     raise ValueError("decoder='dali' has no path for this input; use decoder='pil'")
 
@@ -235,17 +299,3 @@ def guard(name: str, work: Callable[[], object]) -> object:
         return e
     except ValueError as e:
         return ImageInputError(name, str(e))
-
-
-def batches(items: Iterable[Item], budget: int) -> Iterator[list[Item]]:
-    """Greedy, order-preserving batches of at most `budget` tokens (an item over the budget goes alone)."""
-    batch: list[Item] = []
-    total = 0
-    for item in items:
-        if batch and total + item.tokens > budget:
-            yield batch
-            batch, total = [], 0
-        batch.append(item)
-        total += item.tokens
-    if batch:
-        yield batch

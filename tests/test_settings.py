@@ -1,0 +1,65 @@
+"""Every setting of Encoder.encode is checked before any input is looked at, with a message naming it."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY
+
+import vitjax
+from vitjax.settings import BATCH_TOKENS, EncodeSettings, SettingError
+
+CFG = TINY["hd64"]  # patch 16, merge 2: the smallest image allowed is one 32x32 merge window
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return vitjax.Encoder.random(CFG, dtype="float32")
+
+
+def untouched():
+    """An input iterable that fails the test if anything reads it."""
+    raise AssertionError("an input was read before the settings were checked")
+    yield  # a generator: nothing runs until it is iterated
+
+
+@pytest.mark.parametrize(
+    ("settings", "name", "fragment"),
+    [
+        ({"max_pixels": 0}, "max_pixels", "must be from 1024 (one 32-pixel merge window) to pixel_limit=16777216"),
+        ({"max_pixels": -5}, "max_pixels", "must be from 1024"),
+        ({"max_pixels": 1000}, "max_pixels", "must be from 1024"),
+        ({"max_pixels": 10**9}, "max_pixels", "raise pixel_limit deliberately"),
+        ({"max_pixels": 1.5e6}, "max_pixels", "must be an integer"),
+        ({"min_pixels": 0}, "min_pixels", "must be from 1 to max_pixels=16777216"),
+        ({"min_pixels": 10**9}, "min_pixels", "must be from 1 to max_pixels=16777216"),
+        ({"min_pixels": 70000, "max_pixels": 65536}, "min_pixels", "must be from 1 to max_pixels=65536"),
+        ({"pixel_limit": 100}, "pixel_limit", "must be at least 1024"),
+        ({"batch_tokens": 0}, "batch_tokens", "must be at least 65536, the patches of the largest image"),
+        ({"batch_tokens": 255, "max_pixels": 65536}, "batch_tokens", "must be at least 256"),
+        ({"batch_tokens": True}, "batch_tokens", "must be an integer"),
+        ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
+        ({"progress": "yes"}, "progress", "must be True or False"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_input_is_read(enc, settings, name, fragment):
+    for errors in ("raise", "return"):  # a bad setting is never a per-input result
+        with pytest.raises(SettingError) as info:
+            enc.encode(untouched(), **{"errors": errors, **settings})
+        error = info.value
+        assert error.setting == name and error.value == settings[name]
+        assert str(error).startswith(f"{name}={settings[name]!r}: ") and fragment in str(error), str(error)
+        assert isinstance(error, ValueError)
+    assert enc.images_encoded == 0
+
+
+def test_batch_tokens_default_holds_the_largest_image():
+    assert EncodeSettings().checked(CFG).batch_tokens == 65536  # 16,777,216 pixels / 16^2
+    assert EncodeSettings(max_pixels=65536).checked(CFG).batch_tokens == BATCH_TOKENS
+    assert EncodeSettings(max_pixels=65536, batch_tokens=256).checked(CFG).batch_tokens == 256
+
+
+def test_pixel_limit_is_raised_deliberately():
+    with pytest.raises(SettingError, match="max_pixels=33554432: .*raise pixel_limit"):
+        EncodeSettings(max_pixels=2 * 16777216).checked(CFG)
+    checked = EncodeSettings(max_pixels=2 * 16777216, pixel_limit=2 * 16777216).checked(CFG)
+    assert checked.batch_tokens == 2 * 65536

@@ -1,0 +1,84 @@
+"""The settings of `Encoder.encode` (and `vitjax encode`), checked before any model is built or image decoded.
+
+A bad setting is a `SettingError` that names the setting, the value and what is accepted, raised before any
+work is spent: settings are not per-input problems, so `errors="return"` does not turn them into results.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, replace
+
+from vitjax.config import VisionConfig
+from vitjax.pipeline import DECODERS
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
+
+# Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
+# the device's work (20 x 960x1280 JPEGs on an H200: 471 ms vs 532 ms in one call, bench/NOTES.md).
+BATCH_TOKENS = 24576
+# The most pixels `max_pixels` may allow per image unless raised deliberately (`pixel_limit`): Qwen3-VL's own
+# longest_edge. Host memory per image in flight and the device memory of its call grow with it.
+PIXEL_LIMIT = MAX_PIXELS
+ERRORS = ("raise", "return")
+
+
+class SettingError(ValueError):
+    """A setting outside its accepted range; `setting` is its keyword name (the CLI shows it as an option)."""
+
+    def __init__(self, setting: str, value: object, accepted: str):
+        super().__init__(f"{setting}={value!r}: {accepted}")
+        self.setting = setting
+        self.value = value
+        self.accepted = accepted
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    """Per-request settings. `batch_tokens=None` means `BATCH_TOKENS`, or the largest image's patches if more."""
+
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
+    pixel_limit: int = PIXEL_LIMIT
+    batch_tokens: int | None = None
+    errors: str = "raise"
+    progress: bool = False
+    decoder: str = "auto"
+
+    def checked(self, cfg: VisionConfig) -> EncodeSettings:
+        """These settings validated against the tower's patch geometry, with `batch_tokens` resolved."""
+        patch_area = cfg.patch_size**2
+        window = (cfg.patch_size * cfg.spatial_merge_size) ** 2  # the smallest image: one merge window
+        for name in ("min_pixels", "max_pixels", "pixel_limit", "batch_tokens"):
+            value = getattr(self, name)
+            if not (value is None and name == "batch_tokens") and not _is_int(value):
+                raise SettingError(name, value, "must be an integer")
+        if self.pixel_limit < window:
+            raise SettingError("pixel_limit", self.pixel_limit, f"must be at least {window} (one merge window)")
+        if not window <= self.max_pixels <= self.pixel_limit:
+            raise SettingError(
+                "max_pixels",
+                self.max_pixels,
+                f"must be from {window} (one {cfg.patch_size * cfg.spatial_merge_size}-pixel merge window) to "
+                f"pixel_limit={self.pixel_limit}; raise pixel_limit deliberately to allow larger images",
+            )
+        if not 1 <= self.min_pixels <= self.max_pixels:
+            raise SettingError("min_pixels", self.min_pixels, f"must be from 1 to max_pixels={self.max_pixels}")
+        largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows
+        if self.batch_tokens is not None and self.batch_tokens < largest:
+            raise SettingError(
+                "batch_tokens",
+                self.batch_tokens,
+                f"must be at least {largest}, the patches of the largest image max_pixels={self.max_pixels} "
+                "allows (or lower max_pixels)",
+            )
+        if self.errors not in ERRORS:
+            raise SettingError("errors", self.errors, f"must be one of {', '.join(map(repr, ERRORS))}")
+        if self.decoder not in DECODERS:
+            raise SettingError("decoder", self.decoder, f"must be one of {', '.join(map(repr, DECODERS))}")
+        if not isinstance(self.progress, bool):
+            raise SettingError("progress", self.progress, "must be True or False")
+        return self if self.batch_tokens is not None else replace(self, batch_tokens=max(BATCH_TOKENS, largest))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
