@@ -4,98 +4,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from vitjax.encoder import BATCH_TOKENS
+import vitjax
+from vitjax.config import PRESETS, VisionConfig
+from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
+from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
 
 EPILOG = """examples:
   vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
   vitjax encode a.jpg b.png --model checkpoints/qwen3-vl-8b -o embeds.safetensors
+  find photos -name '*.jpg' | vitjax encode --files-from - --model checkpoints/qwen3-vl-8b -o embeds.safetensors
   vitjax convert /path/to/Qwen3-VL-8B-Instruct checkpoints/qwen3-vl-8b"""
 
-
-def _encode(args: argparse.Namespace) -> int:
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    import vitjax
-    import vitjax.dali
-    from vitjax.images import ImageInputError
-
-    if args.decoder == "dali" and not vitjax.dali.available():
-        print("vitjax: error: --decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'", file=sys.stderr)
-        return 2
-    parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel}
-    if args.model:
-        enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=True, **parallel)
-        model = args.model
-    else:
-        enc = vitjax.Encoder.random(args.random_init, seed=args.seed, dtype=args.dtype, **parallel)
-        model = f"random-init:{args.random_init}:seed={args.seed}"
-        print(
-            f"vitjax: using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless",
-            file=sys.stderr,
-        )
-    decoder = enc.resolve_decoder(args.decoder)
-    results = enc.encode(
-        args.inputs,
-        min_pixels=args.min_pixels,
-        max_pixels=args.max_pixels,
-        batch_tokens=args.batch_tokens,
-        errors="return",
-        progress=True,
-        decoder=decoder,
-    )
-    tensors, images, failed = {}, [], 0
-    width = enc.cfg.out_hidden_size
-    for i, res in enumerate(results):
-        name = res.name
-        if isinstance(res, ImageInputError):
-            failed += 1
-            print(f"vitjax: error: {res}", file=sys.stderr)
-            images.append({"index": i, "source": name, "error": res.reason})
-            continue
-        features = np.asarray(res.features)  # one device->host copy, split on the host
-        tensors[f"{i}.embeds"] = np.ascontiguousarray(features[:, :width])
-        tensors[f"{i}.deepstack"] = np.ascontiguousarray(
-            features[:, width:].reshape(len(features), -1, width).transpose(1, 0, 2)
-        )
-        images.append(
-            {
-                "index": i,
-                "source": name,
-                "grid_thw": list(res.grid_thw),
-                "sha256": res.sha256,
-                "decoder": res.decoder,
-                "tokens": len(features),
-            }
-        )
-    meta = {
-        "model": model,
-        "dtype": args.dtype,
-        "vitjax_version": vitjax.__version__,
-        "images": images,
-        "min_pixels": args.min_pixels,
-        "max_pixels": args.max_pixels,
-        "decoder": decoder,
-    }
-    save_file(tensors, args.output, metadata={"vitjax": json.dumps(meta)})
-    done = len(results) - failed
-    tokens = sum(int(np.prod(t.shape[:-1])) for k, t in tensors.items() if k.endswith(".embeds"))
-    summary = f"vitjax: wrote {done} of {len(results)} images ({tokens} tokens, decoder {decoder}) to {args.output}"
-    print(summary, file=sys.stderr)
-    return 1 if failed or not results else 0
+EXIT_CODES = """exit status:
+  0  every input was encoded and written
+  1  some inputs failed (each is named on stderr; the others are written), or the output could not be written
+  2  usage: a bad option or setting, an unknown preset, an unreadable --model, an output folder that is not
+     writable; nothing is encoded"""
 
 
-def _convert(args: argparse.Namespace) -> int:
-    from vitjax.weights import convert
-
-    out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
-    print(f"wrote {out}")
-    return 0
+class UsageError(Exception):
+    """A problem with the command line itself, found before any work: one line on stderr, exit status 2."""
 
 
 def _device_count(text: str) -> int | str:
@@ -106,23 +44,280 @@ def _device_count(text: str) -> int | str:
     raise argparse.ArgumentTypeError(f"expected a positive count or 'all', got {text!r}")
 
 
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """The positional inputs, then those of --files-from (one per line, blank lines skipped)."""
+    inputs = list(args.inputs)
+    if args.files_from is not None:
+        try:
+            text = sys.stdin.read() if args.files_from == "-" else Path(args.files_from).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or e
+            raise UsageError(f"--files-from {args.files_from}: cannot read ({reason})") from e
+        inputs += [line for line in text.splitlines() if line.strip()]
+    if not inputs:
+        raise UsageError("no inputs: name image files or folders, or pass --files-from FILE (- for stdin)")
+    return inputs
+
+
+def _config(args: argparse.Namespace) -> VisionConfig:
+    """The tower's config, read without building the model: from the preset or --model's config.json."""
+    if args.random_init:
+        try:
+            return VisionConfig.preset(args.random_init)
+        except ValueError as e:
+            raise UsageError(f"--random-init {args.random_init}: {e}") from e
+    path = Path(args.model)
+    if not path.is_dir():
+        raise UsageError(f"--model {args.model}: no such directory (an HF checkpoint or a `vitjax convert` output)")
+    try:
+        return VisionConfig.from_hf(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model {args.model}: {e}") from e
+
+
+def _settings(args: argparse.Namespace, cfg: VisionConfig) -> EncodeSettings:
+    settings = EncodeSettings(
+        args.min_pixels, args.max_pixels, args.pixel_limit, args.batch_tokens, "return", decoder=args.decoder
+    )
+    try:
+        return settings.checked(cfg)
+    except SettingError as e:  # named as options: "--max-pixels 0: must be from 1 to --pixel-limit 16777216"
+        option = r"\b(min_pixels|max_pixels|pixel_limit|batch_tokens)\b(=?)"
+        accepted = re.sub(option, lambda m: f"--{m[1].replace('_', '-')}{' ' if m[2] else ''}", e.accepted)
+        raise UsageError(f"--{e.setting.replace('_', '-')} {e.value}: {accepted}") from e
+
+
+def _check_output(output: str) -> Path:
+    """The output path, once a file could be created in its folder (a real probe: permissions, read-only
+    file systems and full quotas all show here)."""
+    out = Path(output)
+    if out.is_dir():
+        raise UsageError(f"-o {output}: is a directory")
+    folder = out.parent
+    if not folder.is_dir():
+        raise UsageError(f"-o {output}: folder {folder} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise UsageError(f"-o {output}: cannot create files in {folder} ({e.strerror or e})") from e
+    return out
+
+
+def _write_atomic(out: Path, tensors: dict, metadata: dict[str, str]) -> None:
+    """Write a temporary file beside `out`, flush it to disk, then rename it: `out` is whole or untouched.
+    The file gets the permissions the user's umask gives new files."""
+    from safetensors.numpy import save_file
+
+    umask = os.umask(0)
+    os.umask(umask)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _encode(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"vitjax: {message}", file=sys.stderr)
+
+    # Everything that can be wrong with the command line is found before the model is built.
+    inputs = _inputs(args)
+    cfg = _config(args)
+    settings = _settings(args, cfg)
+    out = _check_output(args.output)
+    if args.decoder == "dali":
+        from vitjax import dali
+
+        if not dali.available():
+            raise UsageError("--decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'")
+    try:
+        from vitjax.parallel import device_groups, pick_devices
+
+        device_groups(pick_devices(args.devices), args.sequence_parallel)
+    except ValueError as e:
+        raise UsageError(f"--devices {args.devices} --sequence-parallel {args.sequence_parallel}: {e}") from e
+    items = expand_inputs(inputs)
+    missing = {i: e for i, (name, source) in enumerate(items) if (e := path_error(name, source)) is not None}
+    for error in missing.values():
+        print(f"vitjax: error: {error}", file=sys.stderr)
+    todo = [item for i, item in enumerate(items) if i not in missing]
+    encoded, decoder = _run_encoder(args, cfg, settings, todo, say) if todo else ([], args.decoder)
+    encoded = iter(encoded)
+    results = [missing[i] if i in missing else next(encoded) for i in range(len(items))]
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ImageInputError)]
+    images = [
+        {"index": i, "source": r.name, "error": r.reason}
+        if isinstance(r, ImageInputError)
+        else {
+            "index": i,
+            "source": r.name,
+            "grid_thw": list(r.grid_thw),
+            "sha256": r.sha256,
+            "decoder": r.decoder,
+            "tokens": r.tokens,
+        }
+        for i, r in enumerate(results)
+    ]
+    written, write_error = len(results) - len(failed), None
+    if written:
+        from safetensors import SafetensorError
+
+        meta = {
+            "model": args.model or f"random-init:{args.random_init}:seed={args.seed}",
+            "dtype": args.dtype,
+            "vitjax_version": vitjax.__version__,
+            "images": images,
+            "min_pixels": settings.min_pixels,
+            "max_pixels": settings.max_pixels,
+            "decoder": decoder,
+        }
+        try:
+            _write_atomic(out, _tensors(results), {"vitjax": json.dumps(meta)})
+        except (OSError, SafetensorError) as e:
+            write_error = f"cannot write {out}: {getattr(e, 'strerror', None) or e}"
+            print(f"vitjax: error: {write_error}; nothing was written", file=sys.stderr)
+            written = 0
+    tokens = sum(t["tokens"] for t in images if "tokens" in t) if written else 0
+    if write_error is None:
+        wrote = f"wrote {written} of {len(results)} images ({tokens} tokens, decoder {decoder}) to {out}"
+        say(wrote if written else "nothing to write")
+    if args.summary == "json":
+        summary = {
+            "output": str(out) if written else None,
+            "written": written,
+            "failed": [{"index": i, "source": r.name, "error": r.reason} for i, r in failed],
+            "tokens": tokens,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        if write_error:
+            summary["error"] = write_error
+        print(json.dumps(summary))
+    return 0 if written == len(results) else 1
+
+
+class _Written:
+    """One encoded image as the CLI keeps it: on the host, split as the file stores it."""
+
+    def __init__(self, encoded, width: int):
+        import numpy as np
+
+        features = np.asarray(encoded.features)  # one device->host copy, split on the host
+        self.name, self.grid_thw, self.sha256, self.decoder = (
+            encoded.name,
+            encoded.grid_thw,
+            encoded.sha256,
+            encoded.decoder,
+        )
+        self.tokens = len(features)
+        self.embeds = np.ascontiguousarray(features[:, :width])
+        self.deepstack = np.ascontiguousarray(features[:, width:].reshape(self.tokens, -1, width).transpose(1, 0, 2))
+
+
+def _run_encoder(args, cfg: VisionConfig, settings: EncodeSettings, items: list, say) -> tuple[list, str]:
+    """Build the encoder (the slow part) and encode `items`: per item an `ImageInputError` or a `_Written`; and
+    the decoder that `--decoder` resolved to."""
+    from vitjax.weights import CheckpointError
+
+    parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel}
+    try:
+        if args.model:
+            enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=not args.quiet, **parallel)
+        else:
+            enc = vitjax.Encoder.random(cfg, seed=args.seed, dtype=args.dtype, **parallel)
+            say(f"using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless")
+    except (CheckpointError, OSError) as e:
+        raise UsageError(f"--model {args.model}: {e}") from e
+    decoder = enc.resolve_decoder(settings.decoder)
+    encoded = enc.encode(
+        [source for _, source in items],  # paths, named by themselves
+        min_pixels=settings.min_pixels,
+        max_pixels=settings.max_pixels,
+        pixel_limit=settings.pixel_limit,
+        batch_tokens=settings.batch_tokens,
+        errors="return",
+        progress=not args.quiet,
+        decoder=decoder,
+    )
+    results = []
+    for res in encoded:
+        if isinstance(res, ImageInputError):
+            print(f"vitjax: error: {res}", file=sys.stderr)
+            results.append(res)
+        else:
+            results.append(_Written(res, cfg.out_hidden_size))
+    return results, decoder
+
+
+def _tensors(results: list) -> dict:
+    """The file's tensors: `{i}.embeds` and `{i}.deepstack` for every input `i` that was encoded."""
+    tensors = {}
+    for i, res in enumerate(results):
+        if isinstance(res, _Written):
+            tensors[f"{i}.embeds"], tensors[f"{i}.deepstack"] = res.embeds, res.deepstack
+    return tensors
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from vitjax.weights import convert
+
+    out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vitjax", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vitjax",
+        description=__doc__,
+        epilog=f"{EPILOG}\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {vitjax.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    enc = sub.add_parser("encode", help="encode images with the Qwen3-VL vision tower into a safetensors file")
-    enc.add_argument("inputs", nargs="+", help="image files or directories (searched recursively)")
+    enc = sub.add_parser(
+        "encode",
+        help="encode images with the Qwen3-VL vision tower into a safetensors file",
+        description="Encode images with the Qwen3-VL vision tower into a safetensors file.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    enc.add_argument("inputs", nargs="*", help="image files or folders (searched recursively)")
+    enc.add_argument(
+        "--files-from", metavar="FILE", help="read more inputs from FILE, one per line ('-': standard input)"
+    )
     weights = enc.add_mutually_exclusive_group(required=True)
     weights.add_argument("--model", help="HF checkpoint directory or a directory written by `vitjax convert`")
-    weights.add_argument("--random-init", metavar="PRESET", help="random weights of a preset, e.g. qwen3-vl-2b")
-    enc.add_argument("-o", "--output", required=True, help="output .safetensors file")
+    weights.add_argument(
+        "--random-init",
+        metavar="PRESET",
+        help=f"random weights of a preset: {', '.join(PRESETS)} (embeddings are meaningless)",
+    )
+    enc.add_argument("-o", "--output", required=True, help="output .safetensors file (written atomically)")
     enc.add_argument("--min-pixels", type=int, default=MIN_PIXELS, help="smallest resized area (default: %(default)s)")
     enc.add_argument("--max-pixels", type=int, default=MAX_PIXELS, help="largest resized area (default: %(default)s)")
+    enc.add_argument(
+        "--pixel-limit",
+        type=int,
+        default=PIXEL_LIMIT,
+        help="the most --max-pixels may be; raise it deliberately for larger images (default: %(default)s)",
+    )
     enc.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="(default: %(default)s)")
     enc.add_argument(
-        "--batch-tokens", type=int, default=BATCH_TOKENS, help="patches per tower call (default: %(default)s)"
+        "--batch-tokens",
+        type=int,
+        help=f"patches per tower call, at least the largest image's (default: {BATCH_TOKENS}, or that if more)",
     )
     enc.add_argument(
         "--devices",
@@ -145,6 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
         "installed, else pil (default: %(default)s)",
     )
     enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
+    enc.add_argument(
+        "--summary",
+        choices=("json",),
+        help="print one JSON object on stdout: output, written, failed (index, source, error), tokens, seconds",
+    )
+    enc.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes; errors still go to stderr")
     enc.set_defaults(func=_encode)
 
     conv = sub.add_parser("convert", help="convert an HF checkpoint's vision tower to vitjax's orbax format")
@@ -156,8 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Run the command; returns the exit status (argparse's own errors and --help/--version included)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    except UsageError as e:
+        print(f"vitjax: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

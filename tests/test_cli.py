@@ -1,0 +1,190 @@
+"""`vitjax encode` as a script sees it: checks before work, exit codes, --files-from, --summary json, atomic output."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+
+import numpy as np
+import pytest
+from conftest import MAX_PIXELS, PHOTOS
+from safetensors.numpy import load_file
+
+import vitjax
+from vitjax.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def config_only(checkpoint, tmp_path_factory):
+    """A model folder with a valid config.json and no weights: building a model from it fails, so a run that
+    gets past its checks and fails on something else shows the check came before the model."""
+    path = tmp_path_factory.mktemp("config-only")
+    shutil.copy(checkpoint / "config.json", path / "config.json")
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli_main(["encode", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vitjax: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_version_and_help(capsys):
+    assert cli_main(["--version"]) == 0 and capsys.readouterr().out == f"vitjax {vitjax.__version__}\n"
+    assert cli_main(["encode", "--help"]) == 0
+    text = capsys.readouterr().out
+    for fragment in ("exit status:", "0  every input", "1  some inputs failed", "2  usage", "qwen3-vl-235b-a22b"):
+        assert fragment in text
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--max-pixels", "0"], "--max-pixels 0: must be from 1024 (one 32-pixel merge window)"),
+        (["--max-pixels", "-5"], "--max-pixels -5: must be from 1024"),
+        (
+            ["--min-pixels", "70000", "--max-pixels", "65536"],
+            "--min-pixels 70000: must be from 1 to --max-pixels 65536",
+        ),
+        (["--min-pixels", "1000000000"], "--min-pixels 1000000000: must be from 1 to --max-pixels 16777216"),
+        (
+            ["--max-pixels", "33554432"],
+            "--max-pixels 33554432: must be from 1024 (one 32-pixel merge window) to --pixel-limit 16777216; "
+            "raise --pixel-limit deliberately to allow larger images",
+        ),
+        (["--batch-tokens", "0"], "--batch-tokens 0: must be at least 65536"),
+        (["--sequence-parallel", "3"], "--devices 1 --sequence-parallel 3: sequence_parallel=3 does not divide"),
+    ],
+)
+def test_bad_settings_are_one_line_before_the_model(config_only, tmp_path, capsys, options, message):
+    out = tmp_path / "out.safetensors"
+    code, stdout, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", str(out), *options)
+    assert code == 2 and message in one_error_line(err) and not stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_preset_and_model_paths_are_one_line(tmp_path, capsys):
+    out = str(tmp_path / "out.safetensors")
+    code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-9b", "-o", out)
+    assert code == 2 and "--random-init qwen3-vl-9b: unknown preset 'qwen3-vl-9b'; choose one of" in one_error_line(err)
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(tmp_path / "nowhere"), "-o", out)
+    assert code == 2 and f"--model {tmp_path / 'nowhere'}: no such directory" in one_error_line(err)
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(tmp_path), "-o", out)
+    assert code == 2 and f"no config.json at {tmp_path / 'config.json'}" in one_error_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_is_checked_before_encoding(config_only, tmp_path, capsys):
+    missing = tmp_path / "no" / "out.safetensors"
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", str(missing))
+    assert code == 2 and f"-o {missing}: folder {missing.parent} does not exist" in one_error_line(err)
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", str(tmp_path))
+    assert code == 2 and f"-o {tmp_path}: is a directory" in one_error_line(err)
+    code, _, err = run(capsys, "--model", str(config_only), "-o", str(tmp_path / "out.safetensors"))
+    assert code == 2 and "no inputs" in one_error_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_inputs_are_found_before_the_model(config_only, tmp_path, capsys):
+    """Nothing to encode: exit 1 without building the model (which would fail: no weights) and without a file."""
+    gone = [str(tmp_path / "a.jpg"), str(tmp_path / "b.png")]
+    out = tmp_path / "out.safetensors"
+    code, stdout, err = run(capsys, *gone, "--model", str(config_only), "-o", str(out), "--summary", "json")
+    assert code == 1 and not out.exists()
+    assert [line for line in err.splitlines() if "error" in line] == [f"vitjax: error: {g}: no such file" for g in gone]
+    summary = json.loads(stdout)
+    assert summary["written"] == 0 and summary["output"] is None and summary["tokens"] == 0
+    assert summary["failed"] == [{"index": i, "source": g, "error": "no such file"} for i, g in enumerate(gone)]
+
+
+def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, monkeypatch):
+    listing = tmp_path / "inputs.txt"
+    missing = str(tmp_path / "missing.jpg")
+    listing.write_text(f"{PHOTOS[1]}\n\n{missing}\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{PHOTOS[2]}\n"))
+    out = tmp_path / "out.safetensors"
+    common = ["--model", str(checkpoint), "--dtype", "float32", "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
+    code, stdout, err = run(
+        capsys, str(PHOTOS[0]), "--files-from", str(listing), *common, "--summary", "json", "--quiet"
+    )
+    assert code == 1 and err == f"vitjax: error: {missing}: no such file\n"  # quiet: no bar, no notes
+    assert len(stdout.splitlines()) == 1
+    summary = json.loads(stdout)
+    tensors = load_file(out)
+    assert summary["written"] == 2 and summary["output"] == str(out) and summary["seconds"] > 0
+    assert summary["failed"] == [{"index": 2, "source": missing, "error": "no such file"}]
+    assert summary["tokens"] == len(tensors["0.embeds"]) + len(tensors["1.embeds"]) and "2.embeds" not in tensors
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    for i, photo in enumerate(PHOTOS[:2]):  # each equals encoding it alone
+        (alone,) = enc.encode([photo], max_pixels=MAX_PIXELS)
+        np.testing.assert_allclose(tensors[f"{i}.embeds"], np.asarray(alone.embeds), rtol=1e-5, atol=1e-5)
+    code, stdout, err = run(capsys, "--files-from", "-", *common)
+    assert code == 0 and not stdout and "encoding" in err and "wrote 1 of 1 images" in err
+    assert load_file(out)["0.embeds"].shape[1] == enc.cfg.out_hidden_size
+
+
+def test_broken_link_in_a_folder_is_named_and_the_rest_written(checkpoint, tmp_path, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "a.jpg").symlink_to(PHOTOS[0])
+    (folder / "b.jpg").symlink_to(folder / "deleted.jpg")
+    out = tmp_path / "out.safetensors"
+    code, _, err = run(capsys, str(folder), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out))
+    assert code == 1 and f"{folder / 'b.jpg'}: broken symbolic link (to {folder / 'deleted.jpg'})" in err
+    assert "wrote 1 of 2 images" in err and set(load_file(out)) == {"0.embeds", "0.deepstack"}
+
+
+def test_output_has_the_umask_permissions(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out.safetensors"
+    old = os.umask(0o027)
+    try:
+        code, _, _ = run(
+            capsys,
+            str(PHOTOS[0]),
+            "--model",
+            str(checkpoint),
+            "--min-pixels",
+            "4096",
+            "--max-pixels",
+            "4096",
+            "-o",
+            str(out),
+        )
+    finally:
+        os.umask(old)
+    assert code == 0 and out.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]  # no probe or temporary file left
+
+
+def test_failed_write_leaves_the_old_file_and_no_partial_one(checkpoint, tmp_path, capsys):
+    """A real write failure (the file size limit, as a full disk would) after encoding: a clear message, exit 1,
+    the previous file under the final name untouched, no temporary file left."""
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"previous run")
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG, not kill the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+    try:
+        code, stdout, err = run(
+            capsys, str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out),
+            "--summary", "json",
+        )  # fmt: skip
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert code == 1 and f"vitjax: error: cannot write {out}: " in err and "nothing was written" in err
+    assert "Traceback" not in err and "wrote" not in err
+    assert out.read_bytes() == b"previous run" and [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]
+    summary = json.loads(stdout)
+    assert summary["written"] == 0 and summary["error"].startswith(f"cannot write {out}")
