@@ -18,9 +18,9 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import vitjax
-from vitjax.cache import EmbeddingCache, pixel_digest
+from vitjax.cache import EmbeddingCache
 from vitjax.cli import main as cli_main
-from vitjax.images import ImageInputError, load_image
+from vitjax.images import ImageInputError
 from vitjax.pipeline import Item, Pipeline
 from vitjax.preprocess import MIN_PIXELS
 
@@ -188,8 +188,9 @@ def test_an_image_another_thread_is_encoding_is_waited_for(enc):
     """In-flight deduplication: while one caller holds the claim on an image, another encode of it waits for
     that caller's result instead of computing it again."""
     path = str(PHOTOS[0])
-    settings = Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32).settings
-    key = (enc.model_id, pixel_digest(load_image(path)), settings)
+    with Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32) as pipe:
+        (item,) = pipe.prepare([(path, path)])
+        key = (enc.model_id, *pipe.cache_key(item))
     assert enc.cache.claim(key) is None  # this thread is "encoding" it now
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(enc.encode, [path], max_pixels=MAX_PIXELS)
@@ -203,7 +204,7 @@ def test_an_image_another_thread_is_encoding_is_waited_for(enc):
         (res,) = waiting.result()
     assert res.features is value[1] and enc.images_encoded == 0
     # A claim given up with an input error hands the waiter that error, named as the waiter named its input.
-    other = (enc.model_id, "other digest", settings)
+    other = (enc.model_id, "pil", "other digest", MIN_PIXELS, MAX_PIXELS)
     assert enc.cache.claim(other) is None
     future = enc.cache.claim(other)
     enc.cache.abandon(other, ImageInputError("first.png", "corrupt"))

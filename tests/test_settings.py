@@ -39,6 +39,7 @@ def untouched():
         ({"batch_tokens": True}, "batch_tokens", "must be an integer"),
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True or False"),
+        ({"decoder": "nvjpeg"}, "decoder", "must be one of 'auto', 'pil', 'dali'"),
     ],
 )
 def test_bad_settings_are_refused_before_any_input_is_read(enc, settings, name, fragment):

@@ -220,10 +220,11 @@ class Pipeline:
 
     def _make(self, work: Callable, *args) -> Future:
         """Run `work(*args)` in a worker; the caller waits here while `window` earlier items are still unmade."""
-        self._making.append(self._pool.submit(work, *args))
+        future = self._pool.submit(work, *args)
+        self._making.append(future)
         while len(self._making) > self.window or (self._making and self._making[0].done()):
             self._making.popleft().result()
-        return self._making[-1]
+        return future
 
     def _run_dali(self, batch: Sequence[Item], samples: list) -> tuple[np.ndarray | jax.Array, list]:
         """One DALI run over the batch. DALI fails a whole batch on one bad file: then each sample is run
