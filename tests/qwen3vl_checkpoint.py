@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from conftest import hf_vision_config, randomize
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -58,6 +59,16 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def released_expert_layout(file: Path) -> None:
+    """transformers 5 saves fused MoE experts as [experts, out, in]; the released Qwen3-VL-MoE checkpoints
+    (what SGLang's loader reads, transposing them itself) hold [experts, in, out]."""
+    tensors = load_file(file)
+    for key in tensors:
+        if key.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            tensors[key] = tensors[key].transpose(-1, -2).contiguous()
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
 def build(path: Path, cfg: vitjax.VisionConfig, moe: bool = False, seed: int = 0) -> Path:
     """Write a servable checkpoint to `path` (text hidden = cfg.out_hidden_size, 2 layers)."""
     tok = tokenizer()
@@ -100,6 +111,8 @@ def build(path: Path, cfg: vitjax.VisionConfig, moe: bool = False, seed: int = 0
     model = model_cls._from_config(config, dtype=torch.float32).eval()
     randomize(model, seed)
     model.save_pretrained(path)
+    if moe:
+        released_expert_layout(Path(path) / "model.safetensors")
     processor = Qwen3VLProcessor(
         image_processor=Qwen2VLImageProcessor(
             patch_size=16,

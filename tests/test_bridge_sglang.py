@@ -143,3 +143,12 @@ def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
     assert_same_answers(got[len(REQUESTS) :], stock[len(REQUESTS) :])
     videos = [g for c in calls for g in c["grid_thw"] if g[0] > 1]
     assert len(videos) == 1 and videos[0][0] >= 2, calls  # one video item, several temporal groups, encoded once
+
+
+def test_moe_engine_with_bridge_equals_stock_sglang(tmp_path):
+    moe = build(tmp_path / "moe", TINY["hd64"], moe=True, seed=2)
+    requests = REQUESTS[:2]
+    stock, _ = run_engine(tmp_path, "stock", "torch", moe, requests)
+    got, calls = run_engine(tmp_path, "jax", "jax", moe, requests)
+    assert_same_answers(got, stock)
+    assert sum(len(c["grid_thw"]) for c in calls) == 3
