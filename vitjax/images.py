@@ -1,7 +1,7 @@
 """Turn whatever a user holds (paths, folders, bytes, data URIs, PIL images, arrays) into RGB PIL images.
 
-Conversion to RGB follows HF transformers 5.23 (`image_transforms.convert_to_rgb`, which its image
-processors apply to every PIL image or array they are given), so that `vitjax.preprocess` can be
+Conversion to RGB follows HF transformers 5.19, the version SGLang 0.5.23 pins (`image_transforms.convert_to_rgb`,
+which its image processors apply to every PIL image they are given), so that `vitjax.preprocess` can be
 bit-identical to HF's `Qwen2VLImageProcessorPil`. Every failure is an `ImageInputError` that names the
 input, so one bad item in a batch can be reported without losing the others.
 """
@@ -184,23 +184,16 @@ def _upright(image: Image.Image) -> Image.Image:
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
-    """HF `convert_to_rgb` for PIL images: transparency is composited onto white, else `.convert("RGB")`.
-
-    An image that is already RGB without transparency is returned as is (HF copies it; same pixels).
-    """
-    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
-    if has_alpha:
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
+    """HF 5.19 `convert_to_rgb` for PIL images: `.convert("RGB")`, which drops alpha and palette transparency
+    (transformers 5.23 composites them onto white instead). An RGB image is returned as is, as HF does."""
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def _from_array(array: np.ndarray) -> Image.Image:
     """uint8 HxW, HxWx3 or HxWx4, always channels last (HF guesses, and misreads e.g. a 3x500x3 array).
 
-    RGBA then goes through the same compositing as PIL images; for arrays HF uses a numpy formula instead,
-    which gives identical pixels for every (value, alpha) pair (checked exhaustively in the tests).
+    HxWx4 is read as RGBA, the PIL image `Image.fromarray` makes of it, so its alpha is dropped as HF drops a PIL
+    image's. (HF 5.19 refuses such an array: its processor cannot tell where the channels are.)
     """
     if array.dtype != np.uint8:
         raise ValueError(f"array dtype must be uint8, got {array.dtype}")
@@ -236,14 +229,14 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
     frame, BMP, TIFF), fully, so truncated files fail here. Images over `PIL.Image.MAX_IMAGE_PIXELS`
     are refused before decoding (arrays excepted: their pixels are already in memory).
 
-    Choices that change pixels, and how they relate to HF transformers 5.23:
+    Choices that change pixels, and how they relate to HF transformers 5.19 (which SGLang 0.5.23 pins):
     - EXIF orientation is applied (HF's `load_image` applies `ImageOps.exif_transpose`), to encoded
       inputs and to PIL images alike, so a photo gives the same pixels however it is passed. HF's image
       processor given a PIL image directly does not rotate it; for a PIL image still carrying an
       orientation tag vitjax therefore equals HF on `load_image(img)`, not on `img`.
-    - Transparency (an "A" band or `info["transparency"]`) is composited onto white, as HF's
-      `convert_to_rgb` does for the PIL images and arrays its processor is given. (HF's `load_image`,
-      used for string inputs, calls `.convert("RGB")` first and so drops alpha instead; vitjax does not.)
+    - Transparency (an "A" band, a palette's transparent entry) is dropped by `.convert("RGB")`: the pixels
+      keep the colour stored under them, as HF's `convert_to_rgb` and `load_image` and SGLang's Qwen3-VL image
+      loader give. (transformers 5.23's `convert_to_rgb` composites onto white instead.) RGBA arrays too.
     - 16-bit grayscale ("I;16") goes through Pillow's `.convert("RGB")`, which clips values to 255
       rather than scaling: that is what HF's processor produces, so it is kept for parity.
     The result may be `source` itself when that is already an upright RGB PIL image.
