@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one command (device time is scarce: one machine start, one call).
-#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep encode decode
+#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep bridge encode decode
 # Each step has its own time limit so one slow step cannot starve the rest; logs go to $OUT/<step>.log,
 # the benchmark's JSON lines and plot to $OUT/results/.
 set -u -o pipefail
@@ -32,6 +32,8 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     vit) run vit 250 python3 bench/bench_vit.py --out "$OUT/results" ;;
     vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2,sp2 --no-parts --no-warm-start ;;
     sweep) run sweep 420 python3 bench/bench_vit.py --out "$OUT/results" --sweep ;;
+    bridge) run bridge-test 300 env JAX_PLATFORMS=cuda,cpu python3 -m pytest -m gpu -q -s tests/test_gpu_bridge.py
+        run bridge 200 python3 bench/bench_bridge.py --out "$OUT/results" ;;
     encode) run encode 300 python3 bench/bench_encode.py --out "$OUT/results" --devices "${ENCODE_DEVICES:-1}" ;;
     # needs NVIDIA DALI importable there (nvidia-dali-cuda130, not in the device image)
     decode) for size in 960x1280 1000x1333; do

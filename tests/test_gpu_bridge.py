@@ -1,0 +1,161 @@
+"""The SGLang bridge's tower adapter on CUDA: torch tensors in and out of a vitjax encoder on the same GPU.
+
+Skipped without an NVIDIA GPU. JAX shares the GPU with torch (allocating on demand, as the bridge's launcher
+sets it) and the CPU adapter runs beside it, so run:
+
+    JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false python -m pytest -m gpu -s tests/test_gpu_bridge.py
+
+Shows: pixel rows read in place and features handed back in place (same device pointers), no race with torch
+work queued on the caller's stream just before and just after the call (default and side stream), features
+that outlive the JAX arrays, and outputs equal to HF fp32 (8B config, bf16 tower) and to the CPU adapter
+(tiny config) within bf16 tolerance. Prints each framework's memory peak.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before JAX opens the GPU: torch shares it
+
+import jax
+import numpy as np
+import pytest
+import torch
+from conftest import GRIDS, TINY, hf_outputs, hf_vision_config, hf_vision_model, pixels_for
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+import bridge
+import vitjax
+from bridge import dlpack
+from vitjax import layout
+
+
+def _gpu() -> bool:
+    return torch.cuda.is_available() and os.environ.get("JAX_PLATFORMS", "") not in ("", "cpu")
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)")]
+
+# 720p, a portrait photo and a 2-frame video: 3520 + 768 + 480 patches.
+GRIDS_8B = [(1, 44, 80), (1, 32, 24), (2, 12, 20)]
+CUDA = torch.device("cuda", 0)
+
+
+def _cos(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
+    a, b = (np.asarray(torch.as_tensor(x).detach().double().cpu()).ravel() for x in (a, b))
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _tower(hf: torch.nn.Module, cfg: vitjax.VisionConfig, device: torch.device | str) -> bridge.JaxVisionTower:
+    """A bf16 tower built as SGLang builds it (config, device, dtype), then loaded from HF's named tensors."""
+    tower = bridge.JaxVisionTower(config=cfg, device=device, dtype=torch.bfloat16)
+    tower.load(((k, v.detach().cpu().numpy()) for k, v in hf.state_dict().items()), where="HF state_dict")
+    return tower
+
+
+@pytest.fixture(scope="module")
+def hf8b():
+    """HF's fp32 tower on the 8B config with random weights (norms and biases perturbed), on cuda:0."""
+    cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
+    torch.manual_seed(0)
+    hf = Qwen3VLVisionModel._from_config(hf_vision_config(cfg), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.05)
+    return cfg, hf.to(CUDA)
+
+
+@pytest.fixture(scope="module")
+def tower8b(hf8b):
+    cfg, hf = hf8b
+    tower = _tower(hf, cfg, CUDA)
+    assert tower.encoder.parallel.engines[0].devices[0].platform == "gpu"
+    return tower
+
+
+class Spy:
+    """Records what the real `encode_patches` was given and returned (the pointers the tower passed on)."""
+
+    def __init__(self, encoder: vitjax.Encoder):
+        self.encode_patches, self.pixels, self.outs = encoder.encode_patches, [], []
+
+    def __call__(self, pixel_values, grid_thw):
+        self.pixels.append(pixel_values)
+        self.outs.append(self.encode_patches(pixel_values, grid_thw))
+        return self.outs[-1]
+
+
+def test_cuda_tower_equals_hf_fp32_and_shares_memory_both_ways(hf8b, tower8b, monkeypatch):
+    cfg, hf = hf8b
+    tokens = sum(layout.grid_tokens(g) for g in GRIDS_8B)
+    pixels = torch.randn(tokens, cfg.patch_dim, device=CUDA, generator=torch.Generator(CUDA).manual_seed(1))
+    with torch.inference_mode():
+        out = hf(pixels, grid_thw=torch.tensor(GRIDS_8B, device=CUDA))
+        ref = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+    rows = pixels.to(torch.bfloat16)
+    assert dlpack.to_jax(rows).unsafe_buffer_pointer() == rows.data_ptr()
+    spy = Spy(tower8b.encoder)
+    monkeypatch.setattr(tower8b.encoder, "encode_patches", spy)
+    torch.cuda.reset_peak_memory_stats(CUDA)
+    features = tower8b(rows, torch.tensor(GRIDS_8B))
+    assert spy.pixels[-1].unsafe_buffer_pointer() == rows.data_ptr()  # pixels read in place
+    assert features.device == CUDA and features.dtype == torch.bfloat16
+    assert features.shape == (tokens // 4, tower8b.out_hidden_size)
+    for i, (start, n) in enumerate(layout.split_points(GRIDS_8B)):
+        cos = _cos(features[start : start + n], ref[start : start + n])
+        print(f"8B image {i} {GRIDS_8B[i]}: cos {cos:.6f} (CUDA tower bf16 vs HF fp32)")
+        assert cos > 0.995, (i, cos)
+    # One image: the features are the encoder's result itself (several are concatenated, one copy).
+    single = tower8b(rows[:3520], torch.tensor([GRIDS_8B[0]]))
+    assert single.data_ptr() == spy.outs[-1][0].unsafe_buffer_pointer()
+    assert _cos(single, ref[:880]) > 0.995
+    peak = jax.devices("gpu")[0].memory_stats()
+    print(
+        f"memory peak: torch {torch.cuda.max_memory_allocated(CUDA) / 2**30:.2f} GiB (HF fp32 weights, pixels), "
+        f"JAX {peak['peak_bytes_in_use'] / 2**30:.2f} GiB (bf16 weights, buckets), JAX now "
+        f"{peak['bytes_in_use'] / 2**30:.2f} GiB"
+    )
+
+
+def test_no_race_with_torch_work_queued_before_and_after(hf8b, tower8b):
+    """Pixels written by torch at the end of ~50 ms of queued GPU work, features read by torch at once after
+    the call: equal to the same call made with everything synchronised, on the default and a side stream."""
+    cfg, _ = hf8b
+    grids = torch.tensor([[1, 32, 24]])
+    gen = torch.Generator(CUDA).manual_seed(2)
+    sources = [torch.randn(768, cfg.patch_dim, device=CUDA, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    refs = []
+    for src in sources:
+        torch.cuda.synchronize()
+        refs.append(tower8b(src.clone(), grids).clone())
+        torch.cuda.synchronize()
+    kept = []
+    for stream in (torch.cuda.current_stream(CUDA), torch.cuda.Stream(CUDA)):
+        for src, ref in zip(sources, refs, strict=True):
+            with torch.cuda.stream(stream):
+                pixels = torch.full_like(src, float("nan"))
+                torch.cuda._sleep(100_000_000)  # a busy kernel, so the write below lands late
+                pixels.copy_(src)
+                features = tower8b(pixels, grids)
+                doubled = features * 2  # torch reads the features right away, on the same stream
+                kept.append((features, ref))
+            stream.synchronize()
+            assert torch.equal(doubled, ref * 2), float((doubled - ref * 2).abs().max())
+    torch.cuda.synchronize()
+    for features, ref in kept:  # the torch tensors keep the JAX buffers alive through later calls
+        assert torch.equal(features, ref)
+
+
+def test_cuda_tower_equals_cpu_tower_and_hf():
+    """Tiny config: the CUDA adapter (bf16) against the CPU adapter (bf16) and HF fp32 on the CPU."""
+    cfg = TINY["hd72"]
+    hf = hf_vision_model(cfg, seed=4)
+    pixels = pixels_for(GRIDS, cfg, seed=4)
+    ref = hf_outputs(hf, pixels, GRIDS)
+    cpu = _tower(hf, cfg, "cpu")(torch.from_numpy(pixels).to(torch.bfloat16), torch.tensor(GRIDS))
+    gpu = _tower(hf, cfg, CUDA)(torch.from_numpy(pixels).to(CUDA, torch.bfloat16), torch.tensor(GRIDS))
+    assert (cpu.device.type, gpu.device) == ("cpu", CUDA)
+    cos_cpu, cos_hf = _cos(gpu, cpu), _cos(gpu, ref)
+    print(f"tiny: CUDA vs CPU adapter cos {cos_cpu:.6f}, CUDA vs HF fp32 cos {cos_hf:.6f}")
+    assert cos_cpu > 0.999 and cos_hf > 0.999, (cos_cpu, cos_hf)
