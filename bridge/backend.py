@@ -13,6 +13,9 @@ BACKEND_ENV = "VITJAX_MM_ENCODER_BACKEND"
 BACKENDS = ("jax", "torch")
 PACKAGE = "bridge.sglang_models"
 PACKAGE_ENV = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+# The processor package checks each request's pixel rows against its grid in SGLang's tokenizer process.
+PROCESSORS = "bridge.sglang_processors"
+PROCESSORS_ENV = "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"
 # SGLang's architecture names the bridge serves (dense and MoE Qwen3-VL); they keep these names so that
 # SGLang's processor lookup, Hopper defaults and pixel-deferral checks still match them.
 ARCHITECTURES = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
@@ -44,11 +47,13 @@ def configure(backend: str, environ: dict[str, str] | None = None) -> dict[str, 
     wanted = {BACKEND_ENV: backend}
     if backend == "jax":
         wanted[PACKAGE_ENV] = PACKAGE
+        wanted[PROCESSORS_ENV] = PROCESSORS
         if VLM_CACHE_ENV not in env:
             wanted[VLM_CACHE_ENV] = str(VLM_CACHE_MB)
         if not any(k in env for k in XLA_MEMORY_ENVS):
             wanted["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    if env.get(PACKAGE_ENV, PACKAGE) != PACKAGE and backend == "jax":
-        raise ValueError(f"{PACKAGE_ENV} is already set to {env[PACKAGE_ENV]!r}; the jax backend needs {PACKAGE!r}")
+    for name, needed in ((PACKAGE_ENV, PACKAGE), (PROCESSORS_ENV, PROCESSORS)):
+        if backend == "jax" and env.get(name, needed) != needed:
+            raise ValueError(f"{name} is already set to {env[name]!r}; the jax backend needs {needed!r}")
     env.update(wanted)
     return wanted

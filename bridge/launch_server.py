@@ -58,11 +58,12 @@ def model_architectures(model: str) -> list[str]:
 
 
 def check_hook() -> None:
-    """Import the external model package the way SGLang will, but strictly: SGLang only logs an import error
-    there and would silently serve its own torch tower."""
+    """Import the external packages the way SGLang will, but strictly: SGLang only logs an import error there
+    and would silently serve its own torch tower (and skip the request checks)."""
     from sglang.srt.models.registry import import_model_classes
 
     from bridge.sglang_models import qwen3_vl
+    from bridge.sglang_processors import qwen3_vl as processors  # noqa: F401 (SGLang would only log its errors)
 
     found = import_model_classes(backend.PACKAGE, strict=True)
     for arch in backend.ARCHITECTURES:

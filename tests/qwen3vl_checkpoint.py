@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from conftest import hf_vision_config, randomize
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     PreTrainedTokenizerFast,

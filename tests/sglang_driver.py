@@ -52,15 +52,23 @@ def main(spec_file: str, out_file: str) -> None:
     backend.configure(spec["backend"])
     pin_memory_without_a_gpu()
     import sglang as sgl
+    import torch
 
     engine = sgl.Engine(**engine_arguments(spec["model"], **spec.get("engine", {})))
     results = []
     try:
         for request in spec["requests"]:
+            images = request.get("images") or None
+            if "processor_output" in request:  # pixel rows as given, bypassing SGLang's image processor
+                rows, grid = request["processor_output"]
+                pixels = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(0))
+                images = [
+                    {"format": "processor_output", "pixel_values": pixels, "image_grid_thw": torch.tensor([grid])}
+                ]
             try:
                 out = engine.generate(
                     prompt=request["prompt"],
-                    image_data=request.get("images") or None,
+                    image_data=images,
                     video_data=request.get("videos") or None,
                     sampling_params={"max_new_tokens": request.get("max_new_tokens", 4), "temperature": 0},
                     return_logprob=True,

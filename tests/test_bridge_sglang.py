@@ -152,3 +152,25 @@ def test_moe_engine_with_bridge_equals_stock_sglang(tmp_path):
     got, calls = run_engine(tmp_path, "jax", "jax", moe, requests)
     assert_same_answers(got, stock)
     assert sum(len(c["grid_thw"]) for c in calls) == 3
+
+
+def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(dense, tmp_path):
+    """Pixel rows given directly (SGLang's processor_output format) that do not fit their grid or their prompt
+    are refused in the tokenizer process with vitjax's message; the engine serves the next request. (In stock
+    SGLang 0.5.23 each of these takes the whole server down from inside the scheduler.)"""
+    four_pads = "<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>x<|im_end|>\n"
+    requests = [
+        {"prompt": four_pads, "processor_output": [12, [1, 4, 4]]},
+        {"prompt": four_pads, "processor_output": [12, [1, 3, 4]]},
+        {"prompt": user_prompt(1, "x"), "processor_output": [16, [1, 4, 4]]},
+        REQUESTS[0],
+        {"prompt": four_pads, "processor_output": [16, [1, 4, 4]]},
+    ]
+    got, calls = run_engine(tmp_path, "jax", "jax", dense, requests)
+    assert got[0]["error"].endswith("image 0: pixel_values has shape [12, 1536], but grid_thw needs [16, 1536]")
+    assert got[1]["error"].endswith("image 0: grid_thw rows [[1, 3, 4]] must be positive with h and w divisible by 2")
+    assert got[2]["error"].endswith(
+        "image 0: the prompt has 1 placeholder tokens for it, but its grid [(1, 4, 4)] makes 4"
+    )
+    assert "error" not in got[3] and "error" not in got[4] and len(got[4]["tokens"]) == 4
+    assert [c["grid_thw"] for c in calls] == [[[1, 16, 16]], [[1, 4, 4]]]  # the refused ones never reached the tower

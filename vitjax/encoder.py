@@ -131,18 +131,7 @@ class Encoder:
 
     def check_inputs(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> list[layout.Grid]:
         """Validate shapes before anything reaches the device; return the grids as tuples."""
-        grid = np.asarray(grid_thw)
-        if grid.ndim != 2 or grid.shape[1] != 3 or not np.issubdtype(grid.dtype, np.integer):
-            raise ValueError(f"grid_thw must be an integer array [n, 3], got {grid.dtype} {list(grid.shape)}")
-        m = self.cfg.spatial_merge_size
-        bad = [g.tolist() for g in grid if g.min() < 1 or g[1] % m or g[2] % m]
-        if bad:
-            raise ValueError(f"grid_thw rows {bad} must be positive with h and w divisible by {m}")
-        tokens = int(grid.prod(axis=1).sum())
-        if pixel_values.ndim != 2 or pixel_values.shape != (tokens, self.cfg.patch_dim):
-            need = [tokens, self.cfg.patch_dim]
-            raise ValueError(f"pixel_values has shape {list(pixel_values.shape)}, but grid_thw needs {need}")
-        return [tuple(int(v) for v in g) for g in grid]
+        return layout.check_patches(pixel_values.shape, grid_thw, self.cfg.patch_dim, self.cfg.spatial_merge_size)
 
     def warmup(
         self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str = "float32", run: bool = True

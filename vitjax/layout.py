@@ -67,6 +67,21 @@ def frame_geometry(h: int, w: int, side: int = 48, merge: int = 2) -> FrameGeome
     return FrameGeometry(index, weight, rope)
 
 
+def check_patches(shape: Sequence[int], grid_thw: object, patch_dim: int, merge: int = 2) -> list[Grid]:
+    """The grids of pixel rows of `shape`, or a ValueError saying what does not fit: grid_thw must be an
+    integer [n, 3] of positive (t, h, w) with h and w divisible by `merge`, and the rows exactly sum(t*h*w)."""
+    grid = np.asarray(grid_thw)
+    if grid.ndim != 2 or grid.shape[1] != 3 or not np.issubdtype(grid.dtype, np.integer):
+        raise ValueError(f"grid_thw must be an integer array [n, 3], got {grid.dtype} {list(grid.shape)}")
+    bad = [g.tolist() for g in grid if g.min() < 1 or g[1] % merge or g[2] % merge]
+    if bad:
+        raise ValueError(f"grid_thw rows {bad} must be positive with h and w divisible by {merge}")
+    need = [int(grid.prod(axis=1).sum()), patch_dim]
+    if list(shape) != need:
+        raise ValueError(f"pixel_values has shape {list(shape)}, but grid_thw needs {need}")
+    return [tuple(int(v) for v in g) for g in grid]
+
+
 def grid_tokens(grid: Grid) -> int:
     """Patches (tower tokens) of one image or video."""
     t, h, w = grid
