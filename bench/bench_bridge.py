@@ -1,10 +1,11 @@
 """The bridge's tower adapter on CUDA: time per call and memory of JAX and torch sharing one GPU.
 
 `bridge.JaxVisionTower` over a random 8B-config encoder (bf16) on cuda:0, called as SGLang calls it. Device
-pixel rows (a CUDA torch tensor) are sliced into bucket chunks on the device by `vitjax.buckets._device_chunks`,
-eager ops compiled per input row count; host rows are not. So per new row count (its bucket already
-compiled by the host call): host call 1 and 2, then device call 1 (new row count) and 2. Then the memory
-peak of each framework (torch: `max_memory_allocated`; JAX: `memory_stats()['peak_bytes_in_use']`).
+pixel rows (a CUDA torch tensor) are cut into bucket chunks on the device (`Engine._device_pieces`: row views
+and one executable per chunk size since 2026-11-23; before, a program compiled per input row count). So per
+new row count (its bucket already compiled by the host call): host call 1 and 2, then device call 1 (new row
+count) and 2. Then the memory peak of each framework (torch: `max_memory_allocated`; JAX:
+`memory_stats()['peak_bytes_in_use']`).
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. python bench/bench_bridge.py --out bench/results
 """

@@ -118,7 +118,8 @@ def test_encoder_only_and_language_only_pair_with_the_bridge(dense, tmp_path):
 
 
 def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_path, monkeypatch):
-    for var in (backend.BACKEND_ENV, backend.PACKAGE_ENV, backend.PROCESSORS_ENV, backend.VLM_CACHE_ENV, *backend.XLA_MEMORY_ENVS):
+    names = (backend.BACKEND_ENV, backend.PACKAGE_ENV, backend.PROCESSORS_ENV, backend.VLM_CACHE_ENV)
+    for var in (*names, *backend.XLA_MEMORY_ENVS):
         monkeypatch.delenv(var, raising=False)
     args = ["--mm-encoder-backend=jax", "--model-path", str(dense), "--port", "1"]
     assert prepare(args) == ["--model-path", str(dense), "--port", "1"]

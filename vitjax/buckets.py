@@ -309,7 +309,9 @@ class Engine:
         chunk = self._chunk_rows(tokens)
         layout_args = (*jax.device_put(packed[:3], self._split), *jax.device_put(packed[3:], self._whole))
         if isinstance(pixels, jax.Array):
-            return (_device_chunks(pixels, row, rows, tokens, chunk), *layout_args)
+            if pixels.shape[0] >= chunk and np.dtype(pixels.dtype) in PIXEL_DTYPES:
+                return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
+            pixels = np.asarray(pixels)  # shorter than one chunk (at most 2048 rows): through the host
         dtype = _pixel_dtype(pixels)
         pieces = []  # host views of the request (the last partial chunk copied), or None for all padding
         for start in range(row, row + tokens, chunk):
@@ -335,6 +337,22 @@ class Engine:
             for j in range(per_device)
         )
         return (chunks, *layout_args)
+
+    def _device_pieces(self, pixels: jax.Array, row: int, rows: int, tokens: int, chunk: int) -> tuple:
+        """Device-resident pixels (one device) as the call's chunks, with nothing compiled per request size: full
+        chunks are zero-copy row views; a partial one is a chunk-sized window of the array rotated and masked
+        by one executable per chunk size (the array holds at least one chunk)."""
+        pieces = []
+        for start in range(row, row + tokens, chunk):
+            end = min(start + chunk, row + rows)
+            if end - start == chunk:
+                pieces.append(row_view(pixels, start, chunk))
+            elif end > start:
+                window = min(start, pixels.shape[0] - chunk)  # a whole chunk of the array holding [start, end)
+                pieces.append(_partial_chunk(row_view(pixels, window, chunk), start - window, end - start))
+            else:
+                pieces.append(self._zero(self.devices[0], chunk, np.dtype(pixels.dtype)))
+        return tuple(pieces)
 
     def _zero(self, device: jax.Device, rows: int, dtype: np.dtype) -> jax.Array:
         """A chunk of padding rows, kept on the device."""
@@ -417,10 +435,8 @@ def _pixel_dtype(pixels: np.ndarray | jax.Array) -> np.dtype:
     return dtype if dtype in PIXEL_DTYPES else np.dtype(np.float32)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _device_chunks(pixels: jax.Array, row: int, rows: int, tokens: int, chunk: int) -> tuple:
-    """Device-resident pixels: the same chunks, sliced on the device (compiled per input row count)."""
-    padded = jnp.pad(pixels, ((0, tokens), (0, 0)))
-    block = jax.lax.dynamic_slice_in_dim(padded, row, tokens)
-    block = jnp.where(jnp.arange(tokens)[:, None] < rows, block, 0).astype(_pixel_dtype(pixels))
-    return tuple(block.reshape(-1, chunk, pixels.shape[1]))
+@jax.jit
+def _partial_chunk(window: jax.Array, offset: jax.Array, valid: jax.Array) -> jax.Array:
+    """Rows [offset, offset + valid) of `window` first, zeros after (offset and valid traced: one compile)."""
+    rolled = jnp.roll(window, -offset, axis=0)
+    return jnp.where(jnp.arange(window.shape[0])[:, None] < valid, rolled, 0)
