@@ -125,7 +125,11 @@ class JaxVisionTower(nn.Module):
         encoder = self._ready()
         grid = np.asarray(grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw, dtype=np.int64)
         grid = grid.reshape(-1, 3) if grid.size else grid.reshape(0, 3)
-        pixels = dlpack.to_jax(pixel_values.to(self.dtype))
+        pixel_values = pixel_values.to(self.dtype)
+        # Rows already on the tower's kind of device are read in place; host rows for a GPU tower go the
+        # host path (chunks copied up), not through a CPU JAX array sliced by ops compiled per row count.
+        on_device = pixel_values.device.type == self.device.type
+        pixels = dlpack.to_jax(pixel_values) if on_device else dlpack.to_numpy(pixel_values)
         start = time.perf_counter()
         outs = encoder.encode_patches(pixels, grid)  # checks grid and row count first, names what is wrong
         self.calls += 1

@@ -106,6 +106,8 @@ def test_cuda_tower_equals_hf_fp32_and_shares_memory_both_ways(hf8b, tower8b, mo
         cos = _cos(features[start : start + n], ref[start : start + n])
         print(f"8B image {i} {GRIDS_8B[i]}: cos {cos:.6f} (CUDA tower bf16 vs HF fp32)")
         assert cos > 0.995, (i, cos)
+    # The same rows from the host (copied up in chunks) give the same features.
+    assert torch.equal(tower8b(rows.cpu(), torch.tensor(GRIDS_8B)), features)
     # One image: the features are the encoder's result itself (several are concatenated, one copy).
     single = tower8b(rows[:3520], torch.tensor([GRIDS_8B[0]]))
     assert single.data_ptr() == spy.outs[-1][0].unsafe_buffer_pointer()

@@ -86,13 +86,18 @@ class Encoder:
     ):
         self.cfg = cfg
         self.dtype = model.dtype
-        self.attention = check_implementation(attention) if attention else default_implementation()
+        picked = pick_devices(devices)
+        # The process's default path is for its default backend; CPU devices in a GPU process need XLA's.
+        on_gpu = all(d.platform == "gpu" for d in picked)
+        self.attention = (
+            check_implementation(attention) if attention else default_implementation() if on_gpu else "reference"
+        )
         self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
         self.cache = EmbeddingCache(cache_bytes)
         self.images_encoded = 0
         self._graph, self._state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
-        groups = device_groups(pick_devices(devices), sequence_parallel)
+        groups = device_groups(picked, sequence_parallel)
         engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group) for group in groups]
         self.parallel = DataParallel(engines)
         self._dali: dali.DaliRows | None = None  # built on first use of decoder="dali"
