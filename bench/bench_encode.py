@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--images", type=int, default=20)
     parser.add_argument("--devices", default="1", help="comma-separated device counts for vitjax (data parallel)")
+    parser.add_argument("--decoders", default="auto", help="comma-separated vitjax decoders: auto, pil, dali")
     args = parser.parse_args()
 
     import torch
@@ -133,19 +134,20 @@ def main() -> None:
     # (tokens per device: with several devices each call is split over them).
     for devices in (int(n) for n in args.devices.split(",")):
         enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0, devices=devices)
-        for batch_tokens in (98304, 24576):
+        for decoder, batch_tokens in ((d, b) for d in args.decoders.split(",") for b in (98304, 24576)):
 
-            def vj_end_to_end(enc=enc, batch_tokens=batch_tokens):
+            def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 # max_pixels at the photos' own size (they are not resized either way) lets batch_tokens go below
                 # the 65,536 patches of the default 16.7 MP bound (vitjax.settings).
-                out = enc.encode(data, max_pixels=960 * 1280, batch_tokens=batch_tokens)
+                out = enc.encode(data, max_pixels=960 * 1280, batch_tokens=batch_tokens, decoder=decoder)
                 jax.block_until_ready([o.features for o in out])
 
             t, times = median_time(vj_end_to_end, 5)
             emit(
                 {
                     "impl": "vitjax",
-                    "part": f"end_to_end@{batch_tokens}" + (f"x{devices}gpu" if devices > 1 else ""),
+                    "part": f"end_to_end@{batch_tokens}" + (f"x{devices}gpu" if devices > 1 else "") + f" {decoder}",
+                    "decoder": enc.resolve_decoder(decoder),
                     "ms": t * 1e3,
                     "ms_all": [round(v * 1e3, 2) for v in times],
                     "patches": sum(np.prod(g) for g in grids).item(),

@@ -34,7 +34,8 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     sweep) run sweep 420 python3 bench/bench_vit.py --out "$OUT/results" --sweep ;;
     bridge) run bridge-test 300 env JAX_PLATFORMS=cuda,cpu python3 -m pytest -m gpu -q -s tests/test_gpu_bridge.py
         run bridge 200 python3 bench/bench_bridge.py --out "$OUT/results" ;;
-    encode) run encode 300 python3 bench/bench_encode.py --out "$OUT/results" --devices "${ENCODE_DEVICES:-1}" ;;
+    encode) run encode 300 python3 bench/bench_encode.py --out "$OUT/results" --devices "${ENCODE_DEVICES:-1}" \
+        --decoders "${ENCODE_DECODERS:-auto}" ;;
     # needs NVIDIA DALI importable there (nvidia-dali-cuda130, not in the device image)
     decode) for size in 960x1280 1000x1333; do
             run "decode-$size" 300 python3 bench/bench_decode.py --size "$size" --out "$OUT/results"; done ;;
