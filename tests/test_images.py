@@ -184,7 +184,7 @@ def test_directory_without_images(tmp_path):
     folder.mkdir()
     (folder / "readme.txt").write_text("no pictures here")
     assert expand_inputs([folder]) == [(str(folder), folder)]
-    expect_error(folder, r"directory contains no image files \(bmp, gif, jpeg, jpg, png, tif, tiff, webp\)")
+    expect_error(folder, r"directory contains no image or video files \(3gp, avi, bmp, .*, webm, webp, wmv\)")
 
 
 def test_decompression_bomb_is_refused_without_decoding(tmp_path, monkeypatch):

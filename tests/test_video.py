@@ -10,19 +10,25 @@ two uint8 levels on ~0.5% of the pixels, which is why vitjax does not use it for
 from __future__ import annotations
 
 import functools
+import json
+import shutil
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close_to_scale, hf_outputs
+from conftest import MAX_PIXELS, PHOTOS, TINY, assert_close_to_scale, hf_outputs, hf_vision_model
 from PIL import Image
+from safetensors import safe_open
+from safetensors.numpy import load_file
 from torchvision.transforms.v2 import functional as tvF
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 from transformers.video_utils import VideoMetadata, load_video
 
 import vitjax
+import vitjax.settings
+from vitjax.cli import main as cli_main
 from vitjax.preprocess import preprocess_video, video_resized_size
 from vitjax.resize import resize_bicubic
 from vitjax.video import Video, VideoInputError, sample_indices
@@ -264,3 +270,104 @@ def test_tower_on_video_rows_equals_hf(tiny, clip_file):
     ref = hf_outputs(model, pixels, grids.tolist())
     got = np.concatenate([np.asarray(o) for o in enc.encode_patches(pixels, grids)])
     assert_close_to_scale(got, ref)
+
+
+# --- videos through Encoder.encode and `vitjax encode` -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def enc(checkpoint):
+    return vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
+
+
+def test_mixed_request_equals_each_alone_and_hf(enc, clip_file):
+    """2 photos and a clip in one request: each result equals encoding it alone, and the clip's equals HF's
+    video processor + vision model."""
+    inputs = [str(PHOTOS[0]), str(clip_file), str(PHOTOS[1])]
+    mixed = enc.encode(inputs, max_pixels=MAX_PIXELS)
+    assert [r.decoder for r in mixed] == ["pil", "video", "pil"] and mixed[1].grid_thw[0] == 3
+    for source, res in zip(inputs, mixed, strict=True):
+        (alone,) = enc.encode([source], max_pixels=MAX_PIXELS)
+        assert alone.grid_thw == res.grid_thw and alone.name == res.name == source
+        assert_close_to_scale(np.asarray(res.features), np.asarray(alone.features))
+    frames, _ = load_video(str(clip_file), backend="pyav", sample_indices_fn=hf_processor().sample_frames)
+    pixels, grid = run_hf(frames)
+    assert mixed[1].grid_thw == tuple(grid[0])
+    ref = hf_outputs(hf_vision_model(TINY["hd64"]), pixels, grid.tolist())
+    assert_close_to_scale(np.asarray(mixed[1].features), ref)
+
+
+def test_frames_never_attend_across_temporal_groups(enc):
+    """Changing a video's second temporal group (frames 2-3) leaves the first group's tokens as they were."""
+    clip = panned_clip(4, 64, 96)
+    changed = clip.copy()
+    changed[2:] = noise_clip(2, 64, 96, seed=9)
+    a, b = enc.encode([vitjax.Video(clip), vitjax.Video(changed)])
+    assert a.grid_thw == b.grid_thw and a.grid_thw[0] == 2
+    first = a.grid_thw[1] * a.grid_thw[2] // 4  # tokens of one temporal group after the 2x2 merge
+    fa, fb = np.asarray(a.features), np.asarray(b.features)
+    assert_close_to_scale(fb[:first], fa[:first])  # float noise only (the two videos run in one packed call)
+    assert np.abs(fb[first:] - fa[first:]).max() > 0.1 * np.abs(fa).max()
+
+
+def test_video_cache_keys_include_the_sampling(checkpoint, clip_file):
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    (first,) = enc.encode([clip_file])
+    assert enc.images_encoded == 1
+    (again,) = enc.encode([str(clip_file)])  # same file, same default sampling: a hit
+    assert enc.images_encoded == 1 and again.features is first.features
+    (faster,) = enc.encode([clip_file], fps=4)  # 10 frames instead of 5
+    assert enc.images_encoded == 2 and faster.grid_thw[0] == 5
+    (counted,) = enc.encode([vitjax.Video(clip_file, num_frames=6)])
+    assert enc.images_encoded == 3 and counted.grid_thw[0] == 3 and counted.sha256 == first.sha256
+    (smaller,) = enc.encode([clip_file], video_max_pixels=2 * 65536, video_min_pixels=4096)
+    assert enc.images_encoded == 4 and smaller.grid_thw[1] < first.grid_thw[1]
+    with pytest.raises(vitjax.settings.SettingError, match="num_frames=4: excludes fps=2"):
+        enc.encode([clip_file], fps=2, num_frames=4)
+
+
+def test_bad_video_costs_only_itself(enc, clip_file, tmp_path):
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(clip_file.read_bytes()[:5000])
+    results = enc.encode([str(bad), str(PHOTOS[0]), vitjax.Video(noise_clip(1, 32, 32))], errors="return")
+    assert isinstance(results[0], VideoInputError) and results[0].name == str(bad)
+    assert "cannot decode video" in str(results[0])
+    assert results[1].decoder == "pil"
+    assert isinstance(results[2], VideoInputError) and results[2].name == "<video #2>"
+    assert "at least 2 frames" in results[2].reason
+
+
+def test_cli_encodes_a_folder_with_videos(checkpoint, clip_file, tmp_path, capsys):
+    folder = tmp_path / "media"
+    folder.mkdir()
+    shutil.copy(PHOTOS[0], folder / "a.jpg")
+    shutil.copy(clip_file, folder / "b.mp4")
+    (folder / "c.webm").write_text("not a video")
+    out = tmp_path / "out.safetensors"
+    argv = ["encode", str(folder), "--model", str(checkpoint), "--dtype", "float32", "--fps", "4", "-o", str(out)]
+    code = cli_main([*argv, "--max-pixels", str(MAX_PIXELS), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{folder / 'c.webm'}: cannot decode video" in err
+    tensors = load_file(out)
+    with safe_open(out, "np") as f:
+        meta = json.loads(f.metadata()["vitjax"])
+    assert meta["fps"] == 4.0 and meta["video_max_pixels"] == 786432
+    entry = meta["images"][1]
+    assert entry["source"] == str(folder / "b.mp4") and entry["decoder"] == "video" and entry["grid_thw"][0] == 5
+    pixels, grid = preprocess_video(folder / "b.mp4", fps=4)
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    ref = np.asarray(enc.encode_patches(pixels, grid)[0])
+    np.testing.assert_allclose(tensors["1.embeds"], ref[:, : enc.cfg.out_hidden_size], rtol=1e-5, atol=1e-5)
+    assert "2.embeds" not in tensors and "error" in meta["images"][2]
+
+
+def test_videos_beside_dali_images(enc, clip_file):
+    """With decoder="dali" the images' rows come from DALI and the video's from its own host buffer: the video's
+    result is the one decoder="pil" gives."""
+    pytest.importorskip("nvidia.dali")
+    inputs = [str(PHOTOS[0]), str(clip_file)]
+    dali = enc.encode(inputs, max_pixels=MAX_PIXELS, decoder="dali")
+    pil = enc.encode(inputs, max_pixels=MAX_PIXELS, decoder="pil")
+    assert [r.decoder for r in dali] == ["dali", "video"]
+    assert dali[1].grid_thw == pil[1].grid_thw
+    assert_close_to_scale(np.asarray(dali[1].features), np.asarray(pil[1].features))

@@ -1,4 +1,4 @@
-"""`vitjax` command line: encode images to a safetensors file, or convert an HF checkpoint."""
+"""`vitjax` command line: encode images and videos to a safetensors file, or convert an HF checkpoint."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import vitjax
 from vitjax.config import PRESETS, VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
 
 EPILOG = """examples:
   vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
   vitjax encode a.jpg b.png --model checkpoints/qwen3-vl-8b -o embeds.safetensors
+  vitjax encode clip.mp4 photos/ --fps 1 --model checkpoints/qwen3-vl-8b -o embeds.safetensors
   find photos -name '*.jpg' | vitjax encode --files-from - --model checkpoints/qwen3-vl-8b -o embeds.safetensors
   vitjax convert /path/to/Qwen3-VL-8B-Instruct checkpoints/qwen3-vl-8b"""
 
@@ -55,7 +56,7 @@ def _inputs(args: argparse.Namespace) -> list[str]:
             raise UsageError(f"--files-from {args.files_from}: cannot read ({reason})") from e
         inputs += [line for line in text.splitlines() if line.strip()]
     if not inputs:
-        raise UsageError("no inputs: name image files or folders, or pass --files-from FILE (- for stdin)")
+        raise UsageError("no inputs: name image or video files or folders, or pass --files-from FILE (- for stdin)")
     return inputs
 
 
@@ -77,12 +78,23 @@ def _config(args: argparse.Namespace) -> VisionConfig:
 
 def _settings(args: argparse.Namespace, cfg: VisionConfig) -> EncodeSettings:
     settings = EncodeSettings(
-        args.min_pixels, args.max_pixels, args.pixel_limit, args.batch_tokens, "return", decoder=args.decoder
+        args.min_pixels,
+        args.max_pixels,
+        args.pixel_limit,
+        args.batch_tokens,
+        "return",
+        decoder=args.decoder,
+        video_min_pixels=args.video_min_pixels,
+        video_max_pixels=args.video_max_pixels,
+        fps=args.fps,
+        num_frames=args.num_frames,
     )
     try:
         return settings.checked(cfg)
     except SettingError as e:  # named as options: "--max-pixels 0: must be from 1 to --pixel-limit 16777216"
-        option = r"\b(min_pixels|max_pixels|pixel_limit|batch_tokens)\b(=?)"
+        option = (
+            r"\b(video_min_pixels|video_max_pixels|min_pixels|max_pixels|pixel_limit|batch_tokens|fps|num_frames)\b(=?)"
+        )
         accepted = re.sub(option, lambda m: f"--{m[1].replace('_', '-')}{' ' if m[2] else ''}", e.accepted)
         raise UsageError(f"--{e.setting.replace('_', '-')} {e.value}: {accepted}") from e
 
@@ -181,6 +193,10 @@ def _encode(args: argparse.Namespace) -> int:
             "min_pixels": settings.min_pixels,
             "max_pixels": settings.max_pixels,
             "decoder": decoder,
+            "video_min_pixels": settings.video_min_pixels,
+            "video_max_pixels": settings.video_max_pixels,
+            "fps": settings.fps,
+            "num_frames": settings.num_frames,
         }
         try:
             _write_atomic(out, _tensors(results), {"vitjax": json.dumps(meta)})
@@ -248,6 +264,10 @@ def _run_encoder(args, cfg: VisionConfig, settings: EncodeSettings, items: list,
         errors="return",
         progress=not args.quiet,
         decoder=decoder,
+        video_min_pixels=settings.video_min_pixels,
+        video_max_pixels=settings.video_max_pixels,
+        fps=settings.fps,
+        num_frames=settings.num_frames,
     )
     results = []
     for res in encoded:
@@ -288,12 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     enc = sub.add_parser(
         "encode",
-        help="encode images with the Qwen3-VL vision tower into a safetensors file",
-        description="Encode images with the Qwen3-VL vision tower into a safetensors file.",
+        help="encode images and videos with the Qwen3-VL vision tower into a safetensors file",
+        description="Encode images and videos with the Qwen3-VL vision tower into a safetensors file. Videos "
+        "(files with a video extension, also in folders) are sampled and resized as HF's Qwen3VLVideoProcessor "
+        "does; their grid_thw has t > 1.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    enc.add_argument("inputs", nargs="*", help="image files or folders (searched recursively)")
+    enc.add_argument("inputs", nargs="*", help="image or video files, or folders (searched recursively)")
     enc.add_argument(
         "--files-from", metavar="FILE", help="read more inputs from FILE, one per line ('-': standard input)"
     )
@@ -338,6 +360,23 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="pil: HF-exact on the CPU; dali: NVIDIA DALI (nvJPEG on a GPU); auto: dali on a GPU when DALI is "
         "installed, else pil (default: %(default)s)",
+    )
+    video = enc.add_argument_group("videos (decoded with PyAV: pip install 'vitjax[video]')")
+    video.add_argument(
+        "--fps", type=float, help="frames sampled per second of video (default: 2; excludes --num-frames)"
+    )
+    video.add_argument("--num-frames", type=int, help="frames sampled per video, evenly spaced (excludes --fps)")
+    video.add_argument(
+        "--video-min-pixels",
+        type=int,
+        default=VIDEO_MIN_PIXELS,
+        help="smallest resized area of a video, all frames together (default: %(default)s)",
+    )
+    video.add_argument(
+        "--video-max-pixels",
+        type=int,
+        default=VIDEO_MAX_PIXELS,
+        help="largest resized area of a video, all frames together, within HF's per-frame cap (default: %(default)s)",
     )
     enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
     enc.add_argument(

@@ -27,7 +27,7 @@ from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices
 from vitjax.pipeline import DECODERS, Batch, Item, Pipeline
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import PIXEL_LIMIT, EncodeSettings
 
 
@@ -42,15 +42,15 @@ def _forward(graph: nnx.GraphDef, state: nnx.State, pixels: jax.Array, inputs: T
 
 @dataclass(frozen=True)
 class Encoded:
-    """One image's tower output. `features` is what the tower wrote, on the device, untouched (SGLang's
+    """One image's or video's tower output. `features` is what the tower wrote, on the device, untouched (SGLang's
     column layout); `embeds` and `deepstack` are the split Qwen3-VL's language model consumes."""
 
     name: str
     grid_thw: tuple[int, int, int]
-    sha256: str  # of the decoded RGB pixels (decoder "pil"), or of the encoded file (decoder "dali")
+    sha256: str  # of the decoded RGB pixels (decoder "pil"), or of the encoded file (decoder "dali", "video")
     features: jax.Array  # [tokens, out_hidden * (1 + k)]: [merger | deepstack_0 | ... | deepstack_k-1]
     out_hidden: int
-    decoder: str = "pil"  # the backend that made the pixels: "pil" (HF-exact) or "dali"
+    decoder: str = "pil"  # the backend that made the pixels: "pil" (HF-exact), "dali" or "video" (HF-exact)
 
     @property
     def embeds(self) -> jax.Array:
@@ -177,8 +177,19 @@ class Encoder:
         errors: str = "raise",
         progress: bool = False,
         decoder: str = "auto",
+        video_min_pixels: int = VIDEO_MIN_PIXELS,
+        video_max_pixels: int = VIDEO_MAX_PIXELS,
+        fps: float | None = None,
+        num_frames: int | None = None,
     ) -> list[Encoded | ImageInputError]:
-        """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) -> one `Encoded` each, in order.
+        """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) and videos -> one `Encoded` each,
+        in order.
+
+        Videos are `vitjax.Video(...)` inputs (a file, a uint8 array [T, H, W, 3] or a frame list, with its own
+        sampling) and paths with a video extension (also inside folders), sampled at `fps` or to `num_frames`
+        (default: 2 frames per second, as HF); they are preprocessed as HF's `Qwen3VLVideoProcessor` does within
+        `video_min_pixels` / `video_max_pixels` (`vitjax.preprocess.preprocess_video`) and come back with grid
+        t > 1 (decoder "video"). Their cache keys include the sampling and the pixel bounds.
 
         A driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads a bounded window
         ahead, looked up in the cache, and the misses' rows written straight into the buffer of the next tower
@@ -192,18 +203,23 @@ class Encoder:
         the others are encoded and cached. `decoder` picks the decode backend (see `resolve_decoder`); each
         result's `decoder` says which one made its pixels.
         """
-        checked = EncodeSettings(min_pixels, max_pixels, pixel_limit, batch_tokens, errors, progress, decoder)
+        video = {"video_min_pixels": video_min_pixels, "video_max_pixels": video_max_pixels}
+        sampling = {"fps": fps, "num_frames": num_frames}
+        checked = EncodeSettings(
+            min_pixels, max_pixels, pixel_limit, batch_tokens, errors, progress, decoder, **video, **sampling
+        )
         settings = checked.checked(self.cfg)
         rows = self._dali_rows() if self.resolve_decoder(decoder) == "dali" else None
         items = expand_inputs(images)
         # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
         pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
         options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": pixel_dtype, "dali": rows}
+        options.update(video, **sampling)
         budget = settings.batch_tokens * len(self.parallel.engines)
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
         found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key
         claimed: set[tuple] = set()  # cache keys this call must put or abandon
-        bar = tqdm(total=len(items), desc="encoding", unit="image", disable=not progress)
+        bar = tqdm(total=len(items), desc="encoding", unit="input", disable=not progress)
         lock = threading.Lock()  # the bar advances from the workers too, as each image's rows are made
 
         def advance() -> None:
@@ -212,7 +228,8 @@ class Encoder:
 
         with Pipeline(self.cfg, **options) as pipe, bar:
             try:
-                batch, in_flight = None, deque()
+                open_batches: dict[bool, Batch] = {}  # host rows (PIL, videos) or DALI's, filled side by side
+                in_flight = deque()
                 for item in pipe.prepare(items):
                     key = None if isinstance(item, ImageInputError) else (self.model_id, *pipe.cache_key(item))
                     outcome.append(item if key is None else dataclasses.replace(item, fill=None, sample=None))
@@ -224,13 +241,14 @@ class Encoder:
                         advance()
                         continue
                     claimed.add(key)
-                    if batch is not None and not batch.fits(item):
-                        self._dispatch(pipe, batch, found, claimed, in_flight)
-                        batch = None
-                    batch = batch or pipe.batch(max(budget, item.tokens))
-                    batch.add(item, advance)
+                    host = pipe.host(item)
+                    if host in open_batches and not open_batches[host].fits(item):
+                        self._dispatch(pipe, open_batches.pop(host), found, claimed, in_flight)
+                    if host not in open_batches:
+                        open_batches[host] = pipe.batch(max(budget, item.tokens), host)
+                    open_batches[host].add(item, advance)
                     del item  # its decoded image goes once its rows are made
-                if batch is not None:
+                for batch in open_batches.values():
                     self._dispatch(pipe, batch, found, claimed, in_flight)
             except BaseException as e:
                 for key in claimed:  # whoever waits on these must not wait forever

@@ -19,6 +19,11 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+# Video containers (`vitjax.video` decodes them): folder scans pick them up beside images.
+VIDEO_EXTENSIONS = frozenset(
+    {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
+)
+_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 
 ImageSource = str | os.PathLike | bytes | bytearray | memoryview | Image.Image | np.ndarray
 
@@ -51,8 +56,8 @@ def input_name(source: object, index: int = 0) -> str:
     return f"<{type(source).__name__} #{index}>"
 
 
-def _images_under(directory: Path) -> list[Path]:
-    """Files below `directory` with an image extension, recursively, sorted; links to folders are followed, and
+def _files_under(directory: Path) -> list[Path]:
+    """Files below `directory` with an image or video extension, recursively, sorted; links to folders are followed, and
     a folder reached twice (by a link, or a link back up) is searched once.
 
     Hidden files and folders are skipped. What looks like an input but cannot be one is kept, so that loading
@@ -68,26 +73,30 @@ def _images_under(directory: Path) -> list[Path]:
         seen.add(real)
         visible = sorted(d for d in dirs if not d.startswith("."))  # folders before links: real names win
         dirs[:] = sorted(visible, key=lambda d: os.path.islink(os.path.join(root, d)))
-        found.extend(
-            Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_EXTENSIONS
-        )
+        found.extend(Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in _EXTENSIONS)
     return sorted(found)
 
 
 def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str, object]]:
-    """Flatten inputs into `(name, source)` pairs, in order, expanding directories.
+    """Flatten inputs into `(name, source)` pairs, in order, expanding directories (into their image and video
+    files). A `vitjax.Video` is one input, named by its path or as `<video #i>`.
 
     Never raises for a bad item (missing path, garbage bytes, wrong type): the error surfaces when that
     item is loaded, so it costs only itself. A directory without images is kept as one item for the
     same reason.
     """
-    items = [inputs] if _is_single(inputs) else list(inputs)
+    from vitjax.video import Video, video_name  # imported here: vitjax.video builds on this module
+
+    items = [inputs] if _is_single(inputs) or isinstance(inputs, Video) else list(inputs)
     pairs: list[tuple[str, object]] = []
     for index, source in enumerate(items):
+        if isinstance(source, Video):
+            pairs.append((video_name(source, index), source))
+            continue
         if isinstance(source, (str, os.PathLike)) and not str(source).startswith("data:"):
             path = Path(source)
             if path.is_dir():
-                found = _images_under(path) or [path]
+                found = _files_under(path) or [path]
                 pairs.extend((str(p), p) for p in found)
                 continue
         pairs.append((input_name(source, index), source))
@@ -129,9 +138,9 @@ def _read_path(path: Path) -> bytes:
             os.listdir(path)
         except OSError as e:
             raise ValueError(f"cannot list directory ({e.strerror or e})") from e
-        if not _images_under(path):
-            exts = ", ".join(sorted(e[1:] for e in IMAGE_EXTENSIONS))
-            raise ValueError(f"directory contains no image files ({exts})")
+        if not _files_under(path):
+            exts = ", ".join(sorted(e[1:] for e in _EXTENSIONS))
+            raise ValueError(f"directory contains no image or video files ({exts})")
         raise ValueError("is a directory; expand it with expand_inputs()")
     if not path.is_file():
         raise ValueError("not a regular file")

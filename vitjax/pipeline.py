@@ -12,7 +12,8 @@ HF's processor. `DaliDecoder` hands whole batches to NVIDIA DALI (`vitjax.dali`:
 on a GPU, its CPU backend elsewhere) and writes rows PIL did not make: the JPEGs DALI decodes exactly as PIL does
 (RGB or greyscale, complete, any EXIF orientation); everything else it routes to PIL, whose pixels then only pass
 through DALI. An item's `decoder` says which backend made its pixels, and is part of its cache key.
-An item's grid may have t > 1 (a video's temporal groups): nothing here assumes t == 1.
+Videos (a `vitjax.Video`, or a path with a video extension) go to `VideoDecoder` whatever the backend: HF's video
+processor, exact, on the CPU; their rows are always written into a host buffer, with grid t > 1.
 """
 
 from __future__ import annotations
@@ -37,7 +38,16 @@ from vitjax.cache import pixel_digest
 from vitjax.config import VisionConfig
 from vitjax.dali import DaliRows, Sample
 from vitjax.images import ImageInputError, check_size, encoded_bytes, load_image
-from vitjax.preprocess import preprocess_image, resized_size, smart_resize
+from vitjax.preprocess import (
+    VIDEO_MAX_PIXELS,
+    VIDEO_MIN_PIXELS,
+    preprocess_image,
+    resized_size,
+    smart_resize,
+    video_rows,
+    video_size,
+)
+from vitjax.video import Video, is_video_path, open_clip
 
 DECODERS = ("auto", "pil", "dali")
 
@@ -52,6 +62,7 @@ class Item:
     fill: Callable[[np.ndarray], object] | None  # writes the item's rows into a [tokens, patch_dim] host buffer
     sample: Callable[[], Sample] | None = None  # what DALI turns into the item's rows (None: no DALI path)
     decoder: str = "pil"  # the backend that made (or makes) the pixels
+    settings: tuple | None = None  # what else its rows depend on, when not the pipeline's (a video's sampling)
 
     @property
     def tokens(self) -> int:
@@ -151,13 +162,57 @@ class DaliDecoder:
         return (header.width, header.height) if orientation in (5, 6, 7, 8) else (header.height, header.width)
 
 
+class VideoDecoder:
+    """Videos: sampled, decoded (PyAV) and resized as HF's `Qwen3VLVideoProcessor` does (`vitjax.video`,
+    `vitjax.preprocess.preprocess_video`). `prepare` probes the file and sizes the rows; `fill` decodes and
+    resizes a temporal group at a time, so a long video never sits in memory at full size. A path is sampled at
+    `fps` or to `num_frames` (default: 2 frames per second); a `Video` brings its own sampling. The digest is
+    the file's sha256 (an array's: its sampled frames'); the sampling and pixel bounds join the cache key.
+    """
+
+    name = "video"
+
+    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, fps: float | None, num_frames: int | None):
+        self.cfg = cfg
+        self.min_pixels = min_pixels
+        self.max_pixels = max_pixels
+        self.fps = fps
+        self.num_frames = num_frames
+
+    def prepare(self, name: str, source: object) -> Item:
+        p = self.cfg
+        video = source if isinstance(source, Video) else Video(source, fps=self.fps, num_frames=self.num_frames)
+        clip = open_clip(video, name)
+        factors = {"factor": p.patch_size * p.spatial_merge_size, "temporal_factor": p.temporal_patch_size}
+        height, width = video_size(clip, self.min_pixels, self.max_pixels, name=name, **factors)
+        grid = (-(-clip.count // p.temporal_patch_size), height // p.patch_size, width // p.patch_size)
+        geometry = {
+            "patch_size": p.patch_size,
+            "merge_size": p.spatial_merge_size,
+            "temporal_patch_size": p.temporal_patch_size,
+        }
+
+        def fill(out: np.ndarray) -> None:
+            video_rows(clip, height, width, out, **geometry)
+
+        settings = (*video.settings, self.min_pixels, self.max_pixels)
+        return Item(name, clip.digest(), grid, fill, None, self.name, settings)
+
+
+def is_video(source: object) -> bool:
+    """Whether an input goes to `VideoDecoder`: a `Video`, or a path with a video extension."""
+    return isinstance(source, Video) or is_video_path(source)
+
+
 class Pipeline:
     """Inputs -> `Item`s -> one pixel buffer per batch, in a pool of worker threads (use it as a context manager).
 
     With `dali` (a `vitjax.dali.DaliRows`) the backend is `DaliDecoder` and each batch's rows come from one DALI
     run (on the device DALI runs on, for a GPU); else `PilDecoder` writes them into a host buffer of
-    `pixel_dtype`. `settings` identifies what else changes the rows (the pixel bounds); `cache_key` joins them
-    with an item's decoder and digest.
+    `pixel_dtype`. Videos go to a `VideoDecoder` (`video_min_pixels`, `video_max_pixels`, and `fps` or
+    `num_frames` for video paths) and always into host buffers (`batch(..., host=True)`). `settings` identifies
+    what else changes an image's rows (the pixel bounds); `cache_key` joins them (or a video's own) with an
+    item's decoder and digest.
 
     Host memory stays bounded however many inputs come: `prepare` runs at most `window` inputs ahead of the
     consumer, and at most `window` taken items wait for their rows (or DALI sample) to be made, so at most
@@ -172,6 +227,10 @@ class Pipeline:
         max_pixels: int,
         pixel_dtype: np.dtype,
         dali: DaliRows | None = None,
+        video_min_pixels: int = VIDEO_MIN_PIXELS,
+        video_max_pixels: int = VIDEO_MAX_PIXELS,
+        fps: float | None = None,
+        num_frames: int | None = None,
         workers: int | None = None,
         window: int | None = None,
     ):
@@ -180,6 +239,7 @@ class Pipeline:
         self.dali = dali
         backend = PilDecoder if dali is None else DaliDecoder
         self.decoder: Decoder = backend(cfg, min_pixels, max_pixels)
+        self.video = VideoDecoder(cfg, video_min_pixels, video_max_pixels, fps, num_frames)
         self.settings = (min_pixels, max_pixels)
         workers = workers or min(8, os.cpu_count() or 1)
         self.window = window or 2 * workers
@@ -193,7 +253,7 @@ class Pipeline:
         self._pool.shutdown(cancel_futures=exc[0] is not None)
 
     def cache_key(self, item: Item) -> tuple:
-        return (item.decoder, item.digest, *self.settings)
+        return (item.decoder, item.digest, *(self.settings if item.settings is None else item.settings))
 
     def prepare(self, items: Iterable[tuple[str, object]]) -> Iterator[Item | ImageInputError]:
         """`(name, source)` pairs -> an `Item` or the input's error each, in order, prepared in the workers."""
@@ -201,19 +261,27 @@ class Pipeline:
         items = iter(items)
         while True:
             while len(ahead) < self.window and (item := next(items, None)) is not None:
-                ahead.append(self._pool.submit(guard, item[0], functools.partial(self.decoder.prepare, *item)))
+                decoder = self.video if is_video(item[1]) else self.decoder
+                ahead.append(self._pool.submit(guard, item[0], functools.partial(decoder.prepare, *item)))
             if not ahead:
                 return
             yield ahead.popleft().result()
 
-    def batch(self, rows: int) -> Batch:
-        """An empty batch of `rows` rows (pages of a host buffer are touched only as rows are written)."""
-        pixels = None if self.dali is not None else np.empty((rows, self.cfg.patch_dim), self.pixel_dtype)
+    def host(self, item: Item) -> bool:
+        """Whether `item`'s rows are written into a host buffer (else DALI makes them)."""
+        return self.dali is None or item.decoder == VideoDecoder.name
+
+    def batch(self, rows: int, host: bool | None = None) -> Batch:
+        """An empty batch of `rows` rows (pages of a host buffer are touched only as rows are written): rows in a
+        host buffer when `host` (default: unless DALI makes this pipeline's image rows)."""
+        host = self.dali is None if host is None else host
+        pixels = np.empty((rows, self.cfg.patch_dim), self.pixel_dtype) if host else None
         return Batch(self, rows, pixels)
 
     def fill(self, items: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
-        """The rows of `items`, concatenated in order, and per item its error (its rows then undefined) or None."""
-        batch = self.batch(sum(item.tokens for item in items))
+        """The rows of `items` (all made on the host, or all by DALI), concatenated in order, and per item its
+        error (its rows then undefined) or None."""
+        batch = self.batch(sum(item.tokens for item in items), all(self.host(item) for item in items))
         for item in items:
             batch.add(item)
         return batch.finish()

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
@@ -28,7 +30,7 @@ from PIL import Image
 
 from vitjax.images import ImageInputError, input_name, load_image
 from vitjax.resize import resize_bicubic
-from vitjax.video import MAX_FRAMES, MIN_FRAMES, Video, VideoInputError, load_video
+from vitjax.video import MAX_FRAMES, MIN_FRAMES, Clip, Video, VideoInputError, open_clip
 
 MAX_ASPECT_RATIO = 200
 # Qwen3-VL's preprocessor_config.json: shortest_edge / longest_edge, in pixels of area.
@@ -38,6 +40,8 @@ IMAGE_MEAN = IMAGE_STD = 0.5
 # per-frame cap in tokens of 32x32 pixels (`max_video_tokens`).
 VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS = 128 * 32 * 32, 768 * 32 * 32
 MAX_VIDEO_TOKENS = 768
+# Threads resizing one video's temporal groups while its frames are decoded.
+RESIZE_THREADS = min(4, os.cpu_count() or 1)
 
 
 def smart_resize(
@@ -196,6 +200,66 @@ def video_resized_size(
     return h_bar, w_bar
 
 
+def video_size(
+    clip: Clip,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    cap_pixels_per_frame: bool = True,
+    *,
+    factor: int = 32,
+    temporal_factor: int = 2,
+    name: str = "<video>",
+) -> tuple[int, int]:
+    """`video_resized_size` for a clip; its errors are `VideoInputError`s naming the input."""
+    try:
+        return video_resized_size(
+            clip.count, clip.height, clip.width, min_pixels, max_pixels, cap_pixels_per_frame, factor, temporal_factor
+        )
+    except ValueError as e:
+        raise VideoInputError(name, str(e)) from e
+
+
+def video_rows(
+    clip: Clip, height: int, width: int, out: np.ndarray, *, patch_size: int, merge_size: int, temporal_patch_size: int
+) -> None:
+    """Write the clip's pixel rows into `out` (float32 or bfloat16, `[t*h*w, 3*T*P*P]`), a temporal group at a time.
+
+    Each group's frames are resized (`vitjax.resize`), patchified in HF's order and let go as soon as they are
+    decoded; groups are resized by `RESIZE_THREADS` threads (numpy releases the GIL) while decoding goes on, with
+    at most two groups per thread waiting, so memory stays a few frames whatever the clip's length.
+    """
+    m, p, tp = merge_size, patch_size, temporal_patch_size
+    grid_h, grid_w = height // p, width // p
+    table, group_rows = _VIDEO_TABLES[out.dtype], grid_h * grid_w
+
+    def write(frames: list[np.ndarray], rows: np.ndarray) -> None:
+        resized = resize_bicubic(np.stack(frames + frames[-1:] * (tp - len(frames))), height, width)  # HF repeats
+        # (tp, bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, tp, ph, pw): HF's patchify order within a group
+        windows = resized.reshape(tp, grid_h // m, m, p, grid_w // m, m, p, 3).transpose(1, 4, 2, 5, 7, 0, 3, 6)
+        np.take(table, np.ascontiguousarray(windows).reshape(rows.shape), out=rows, mode="clip")
+
+    with ThreadPoolExecutor(RESIZE_THREADS, "vitjax-video") as pool:
+        pending: deque[Future] = deque()
+        group: list[np.ndarray] = []
+        start = 0
+
+        def submit() -> None:
+            nonlocal group, start
+            pending.append(pool.submit(write, group, out[start : start + group_rows]))
+            group, start = [], start + group_rows
+
+        for frame in clip.frames():
+            group.append(frame)
+            if len(group) == tp:
+                submit()
+                while len(pending) > 2 * RESIZE_THREADS:
+                    pending.popleft().result()
+        if group:
+            submit()
+        for future in pending:
+            future.result()
+
+
 def preprocess_video(
     video: object,
     *,
@@ -227,21 +291,11 @@ def preprocess_video(
     elif (fps, num_frames, video_fps) != (None, None, None):
         raise ValueError("preprocess_video: give sampling settings either in the Video or as arguments, not both")
     name = name if name is not None else (os.fspath(video.source) if video.is_file else "<video>")
-    frames = load_video(video, name, min_frames, max_frames)
-    count, in_h, in_w = frames.shape[:3]
-    try:
-        factors = {"factor": patch_size * merge_size, "temporal_factor": temporal_patch_size}
-        height, width = video_resized_size(count, in_h, in_w, min_pixels, max_pixels, cap_pixels_per_frame, **factors)
-    except ValueError as e:
-        raise VideoInputError(name, str(e)) from e
-    frames = resize_bicubic(frames, height, width)
-    if pad := -count % temporal_patch_size:  # HF repeats the last frame to fill the last temporal patch
-        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
-    grid_t, grid_h, grid_w = len(frames) // temporal_patch_size, height // patch_size, width // patch_size
-    m, p, tp = merge_size, patch_size, temporal_patch_size
-    # (gt, tp, bh, mh, ph, bw, mw, pw, C) -> (gt, bh, bw, mh, mw, C, tp, ph, pw): HF's patchify order
-    windows = frames.reshape(grid_t, tp, grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
-    rows = grid_t * grid_h * grid_w
-    out = _output(out, (rows, 3 * tp * p * p))
-    np.take(_VIDEO_TABLES[out.dtype], np.ascontiguousarray(windows).reshape(out.shape), out=out, mode="clip")
-    return out, np.array([[grid_t, grid_h, grid_w]], dtype=np.int64)
+    clip = open_clip(video, name, min_frames, max_frames)
+    factors = {"factor": patch_size * merge_size, "temporal_factor": temporal_patch_size}
+    height, width = video_size(clip, min_pixels, max_pixels, cap_pixels_per_frame, name=name, **factors)
+    grid = (-(-clip.count // temporal_patch_size), height // patch_size, width // patch_size)
+    out = _output(out, (grid[0] * grid[1] * grid[2], 3 * temporal_patch_size * patch_size * patch_size))
+    geometry = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
+    video_rows(clip, height, width, out, **geometry)
+    return out, np.array([grid], dtype=np.int64)

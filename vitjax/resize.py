@@ -20,6 +20,7 @@ import numpy as np
 
 _A = -0.5  # Keys' cubic with a = -0.5, as PIL and PyTorch's antialiased bicubic use
 _BLOCK = 32  # outputs per matrix product: each needs only its own span of inputs
+_ROWS = 32  # rows per BLAS call: 32 x 32 x span stays under OpenBLAS's threading threshold (2^18) for spans < 256
 
 
 def _cubic(x: np.ndarray) -> np.ndarray:
@@ -69,9 +70,33 @@ def _blocks(in_size: int, out_size: int) -> tuple[int, tuple[tuple[int, int, int
     return p, tuple(blocks)
 
 
-def _round(acc: np.ndarray, p: int) -> np.ndarray:
-    """ATen's `(sum + (1 << (p - 1))) >> p`, saturated to uint8 (kept as float64 integers)."""
-    return np.clip(np.floor((acc + (1 << (p - 1))) * (1.0 / (1 << p))), 0, 255)
+def _pass(x: np.ndarray, out_size: int) -> np.ndarray:
+    """One axis (the last of `x`, float64 `[_ROWS * k, in_size]`) resampled to `out_size`: rounded integers 0..255.
+
+    The products run in batches of `_ROWS` rows, one small BLAS call each: small enough that OpenBLAS keeps
+    each on the calling thread (its threads, spinning beside PyAV's decoder threads or beside other frames'
+    work, made the same products several times slower), and the caller's threads share the frames.
+    """
+    rows, in_size = x.shape
+    p, blocks = _blocks(in_size, out_size)
+    batched = x.reshape(-1, _ROWS, in_size)
+    out = np.empty((rows, out_size))
+    out_batched = out.reshape(-1, _ROWS, out_size)
+    for start, stop, lo, hi, m in blocks:
+        np.matmul(batched[:, :, lo:hi], m, out=out_batched[:, :, start:stop])
+    # ATen's `(sum + (1 << (p - 1))) >> p`, saturated to uint8; exact in float64 (power-of-two scaling)
+    np.add(out, 1 << (p - 1), out=out)
+    np.multiply(out, 1.0 / (1 << p), out=out)
+    np.floor(out, out=out)
+    return np.clip(out, 0, 255, out=out)
+
+
+def _padded(x: np.ndarray) -> np.ndarray:
+    """`x` (any layout, `[..., n]`) as a C-contiguous float64 `[rows, n]` with rows rounded up to `_ROWS`."""
+    rows = math.prod(x.shape[:-1])
+    out = np.zeros((-(-rows // _ROWS) * _ROWS, x.shape[-1]))
+    out[:rows].reshape(x.shape)[...] = x
+    return out
 
 
 def resize_bicubic(frames: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -86,19 +111,13 @@ def resize_bicubic(frames: np.ndarray, height: int, width: int) -> np.ndarray:
     if (in_h, in_w) == (height, width):
         return frames
     n = math.prod(lead)
-    x = frames.reshape(n, in_h, in_w, channels).transpose(0, 1, 3, 2).astype(np.float64)  # [n, H, C, W]
+    x = frames.reshape(n, in_h, in_w, channels)
     if in_w != width:  # along rows first, as PyTorch does
-        p, blocks = _blocks(in_w, width)
-        rows = x.reshape(-1, in_w)
-        out = np.empty((rows.shape[0], width))
-        for start, stop, lo, hi, m in blocks:
-            out[:, start:stop] = rows[:, lo:hi] @ m
-        x = _round(out, p).reshape(n, in_h, channels, width)
+        rows = n * in_h * channels
+        x = _pass(_padded(x.transpose(0, 1, 3, 2)), width)[:rows].reshape(n, in_h, channels, width)
+        x = x.transpose(0, 1, 3, 2)  # [n, H, width, C]
     if in_h != height:
-        p, blocks = _blocks(in_h, height)
-        cols = x.reshape(n, in_h, -1)
-        out = np.empty((n, height, cols.shape[2]))
-        for start, stop, lo, hi, m in blocks:
-            out[:, start:stop] = np.matmul(m.T, cols[:, lo:hi])
-        x = _round(out, p).reshape(n, height, channels, width)
-    return x.transpose(0, 1, 3, 2).astype(np.uint8).reshape(*lead, height, width, channels)
+        rows = n * width * channels
+        x = _pass(_padded(x.transpose(0, 2, 3, 1)), height)[:rows].reshape(n, width, channels, height)
+        x = x.transpose(0, 3, 1, 2)  # [n, height, width, C]
+    return x.astype(np.uint8).reshape(*lead, height, width, channels)

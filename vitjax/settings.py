@@ -6,12 +6,13 @@ work is spent: settings are not per-input problems, so `errors="return"` does no
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, replace
 
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 
 # Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
 # the device's work (20 x 960x1280 JPEGs on an H200: 471 ms vs 532 ms in one call, bench/NOTES.md).
@@ -34,7 +35,9 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class EncodeSettings:
-    """Per-request settings. `batch_tokens=None` means `BATCH_TOKENS`, or the largest image's patches if more."""
+    """Per-request settings. `batch_tokens=None` means `BATCH_TOKENS`, or the largest image's patches if more.
+    `video_min_pixels` / `video_max_pixels` bound a video's pixels (HF's video `size`); `fps` or `num_frames`
+    sample video files given as paths (default: 2 frames per second)."""
 
     min_pixels: int = MIN_PIXELS
     max_pixels: int = MAX_PIXELS
@@ -43,12 +46,16 @@ class EncodeSettings:
     errors: str = "raise"
     progress: bool = False
     decoder: str = "auto"
+    video_min_pixels: int = VIDEO_MIN_PIXELS
+    video_max_pixels: int = VIDEO_MAX_PIXELS
+    fps: float | None = None
+    num_frames: int | None = None
 
     def checked(self, cfg: VisionConfig) -> EncodeSettings:
         """These settings validated against the tower's patch geometry, with `batch_tokens` resolved."""
         patch_area = cfg.patch_size**2
         window = (cfg.patch_size * cfg.spatial_merge_size) ** 2  # the smallest image: one merge window
-        for name in ("min_pixels", "max_pixels", "pixel_limit", "batch_tokens"):
+        for name in ("min_pixels", "max_pixels", "pixel_limit", "batch_tokens", "video_min_pixels", "video_max_pixels"):
             value = getattr(self, name)
             if not (value is None and name == "batch_tokens") and not _is_int(value):
                 raise SettingError(name, value, "must be an integer")
@@ -63,6 +70,22 @@ class EncodeSettings:
             )
         if not 1 <= self.min_pixels <= self.max_pixels:
             raise SettingError("min_pixels", self.min_pixels, f"must be from 1 to max_pixels={self.max_pixels}")
+        if not window <= self.video_max_pixels <= self.pixel_limit:
+            raise SettingError(
+                "video_max_pixels", self.video_max_pixels, f"must be from {window} to pixel_limit={self.pixel_limit}"
+            )
+        if not 1 <= self.video_min_pixels <= self.video_max_pixels:
+            raise SettingError(
+                "video_min_pixels",
+                self.video_min_pixels,
+                f"must be from 1 to video_max_pixels={self.video_max_pixels}",
+            )
+        if self.fps is not None and not _is_positive(self.fps):
+            raise SettingError("fps", self.fps, "must be a positive number of frames per second")
+        if self.num_frames is not None and not (_is_int(self.num_frames) and self.num_frames >= 1):
+            raise SettingError("num_frames", self.num_frames, "must be a positive integer")
+        if self.fps is not None and self.num_frames is not None:
+            raise SettingError("num_frames", self.num_frames, f"excludes fps={self.fps}; give one of them")
         largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows
         if self.batch_tokens is not None and self.batch_tokens < largest:
             raise SettingError(
@@ -78,6 +101,11 @@ class EncodeSettings:
         if not isinstance(self.progress, bool):
             raise SettingError("progress", self.progress, "must be True or False")
         return self if self.batch_tokens is not None else replace(self, batch_tokens=max(BATCH_TOKENS, largest))
+
+
+def _is_positive(value: object) -> bool:
+    """A finite number above zero (not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def _is_int(value: object) -> bool:

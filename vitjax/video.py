@@ -10,18 +10,16 @@ PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only wh
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from vitjax.images import ImageInputError, load_image
+from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, load_image
 
-VIDEO_EXTENSIONS = frozenset(
-    {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
-)
 # Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
 # The frame rate HF assumes when asked to sample by fps without knowing the video's own.
@@ -105,40 +103,49 @@ def sample_indices(
     return np.linspace(0, total - 1, int(num_frames)).round().astype(int)
 
 
-def load_video(
-    video: Video, name: str | None = None, min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES
-) -> np.ndarray:
-    """The frames `video` stands for, sampled as HF samples them: uint8 `[T, H, W, 3]`.
+@dataclass(frozen=True)
+class Clip:
+    """A video's sampled frames, known by number and size before any is decoded (so that a planner can size its
+    rows first and the frames can be resized as they are decoded, never all held at full size)."""
 
-    Every failure (missing or undecodable file, no video stream, bad array, frames of different sizes, no
-    PyAV) is a `VideoInputError` naming the input.
+    count: int
+    height: int
+    width: int
+    frames: Callable[[], Iterator[np.ndarray]]  # the sampled frames in order, uint8 [H, W, 3] each
+    digest: Callable[[], str]  # sha256 of the file's bytes, or of the sampled frames of an array or list
+
+
+def open_clip(
+    video: Video, name: str | None = None, min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES
+) -> Clip:
+    """The frames `video` stands for, sampled as HF samples them. A file is probed here (frame count, rate and
+    size from its video stream, as HF's PyAV reader takes them) and decoded only when `frames()` is iterated.
+
+    Every failure (missing or undecodable file, no video stream, a bad array, frames of different sizes, no
+    PyAV; while decoding: fewer frames than the container promised) is a `VideoInputError` naming the input.
     """
     name = name if name is not None else video_name(video)
     source = video.source
     sampled = video.is_file or video.fps is not None or video.num_frames is not None
     try:
         if video.is_file:
-            return _decode_file(Path(source), name, video, min_frames, max_frames)
+            return _probe_file(Path(source), name, video, min_frames, max_frames)
         if isinstance(source, np.ndarray):
             if source.dtype != np.uint8 or source.ndim != 4 or source.shape[3] != 3 or 0 in source.shape:
                 raise ValueError(f"video array must be uint8 [T, H, W, 3], got {source.dtype} {list(source.shape)}")
-            frames = source
-            if sampled:
-                frames = frames[_indices(video, len(frames), video.video_fps, min_frames, max_frames)]
-            return frames
-        if isinstance(source, (str, bytes, bytearray, memoryview)) or not isinstance(source, Sequence):
+            frames = source[_indices(video, len(source), min_frames, max_frames)] if sampled else source
+        elif isinstance(source, (str, bytes, bytearray, memoryview)) or not isinstance(source, Sequence):
             raise ValueError(f"unsupported video source {type(source).__name__}: a path, an array or a frame list")
-        if not source:
+        elif not source:
             raise ValueError("video has no frames")
-        indices = (
-            _indices(video, len(source), video.video_fps, min_frames, max_frames) if sampled else range(len(source))
-        )
-        frames = [np.asarray(load_image(source[i], f"{name} frame {i}")) for i in indices]
-        sizes = {f.shape for f in frames}
-        if len(sizes) > 1:
-            shown = ", ".join(f"{w}x{h}" for h, w, _ in sorted(sizes))
-            raise ValueError(f"frames differ in size ({shown}); a video's frames must share one size")
-        return np.stack(frames)
+        else:
+            indices = _indices(video, len(source), min_frames, max_frames) if sampled else range(len(source))
+            frames = [np.asarray(load_image(source[i], f"{name} frame {i}")) for i in indices]
+            sizes = {f.shape for f in frames}
+            if len(sizes) > 1:
+                shown = ", ".join(f"{w}x{h}" for h, w, _ in sorted(sizes))
+                raise ValueError(f"frames differ in size ({shown}); a video's frames must share one size")
+            frames = np.stack(frames)
     except VideoInputError:
         raise
     except ImageInputError as e:  # one frame of a frame list
@@ -146,17 +153,29 @@ def load_video(
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
 
+    def digest() -> str:
+        h = hashlib.sha256(f"frames:{'x'.join(map(str, frames.shape))}:".encode())
+        h.update(np.ascontiguousarray(frames).data)
+        return h.hexdigest()
 
-def _indices(video: Video, total: int, video_fps: float | None, min_frames: int, max_frames: int) -> np.ndarray:
+    return Clip(len(frames), frames.shape[1], frames.shape[2], lambda: iter(frames), digest)
+
+
+def _indices(video: Video, total: int, min_frames: int, max_frames: int, rate: float | None = None) -> np.ndarray:
     fps = video.fps if video.fps is not None or video.num_frames is not None else FPS
-    return sample_indices(total, video_fps, fps, video.num_frames, min_frames, max_frames)
+    return sample_indices(total, rate or video.video_fps, fps, video.num_frames, min_frames, max_frames)
 
 
-def _decode_file(path: Path, name: str, video: Video, min_frames: int, max_frames: int) -> np.ndarray:
+def _av(name: str):
     try:
         import av
     except ImportError as e:
         raise VideoInputError(name, "decoding video files needs PyAV: pip install 'vitjax[video]'") from e
+    return av
+
+
+def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames: int) -> Clip:
+    av = _av(name)
     if path.is_dir():
         raise VideoInputError(name, "is a directory")
     if not path.is_file():
@@ -166,27 +185,50 @@ def _decode_file(path: Path, name: str, video: Video, min_frames: int, max_frame
             if not container.streams.video:
                 raise VideoInputError(name, "no video stream")
             stream = container.streams.video[0]
-            total = stream.frames
-            rate = stream.average_rate or stream.guessed_rate
-        if total == 0:  # the container does not say (some mkv, webm): count the packets
-            with av.open(os.fspath(path)) as container:
-                total = sum(1 for packet in container.demux(video=0) if packet.size)
-        if total == 0:
-            raise VideoInputError(name, "video stream has no frames")
-        indices = _indices(video, total, float(rate) if rate else None, min_frames, max_frames)
-        wanted, last = set(indices.tolist()), int(indices[-1])
-        frames = []
-        with av.open(os.fspath(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"  # frame threads: same frames, decoded on several cores
-            container.seek(0)
-            for i, frame in enumerate(container.decode(stream)):
-                if i > last:
-                    break
-                if i in wanted:
-                    frames.append(frame.to_ndarray(format="rgb24"))
+            total, rate, size = stream.frames, stream.average_rate or stream.guessed_rate, (stream.height, stream.width)
+            if total == 0:  # the container does not say (WebM, some MKV): count the stream's packets
+                total = sum(1 for packet in container.demux(stream) if packet.size)
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
-    if not frames:
-        raise VideoInputError(name, "no frame could be decoded")
-    return np.stack(frames)
+    if total == 0 or 0 in size:
+        raise VideoInputError(name, "video stream has no frames")
+    indices = _indices(video, total, min_frames, max_frames, float(rate) if rate else None)
+    wanted = sorted(set(indices.tolist()))  # HF's reader keeps a frame once however often it is sampled
+
+    def frames() -> Iterator[np.ndarray]:
+        yield from _decode(av, path, name, wanted, size, total)
+
+    def digest() -> str:
+        h = hashlib.sha256(b"file:")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+
+    return Clip(len(wanted), *size, frames, digest)
+
+
+def _decode(av, path: Path, name: str, wanted: list[int], size: tuple[int, int], total: int) -> Iterator[np.ndarray]:
+    """Frames `wanted` (sorted indices), decoded in order as HF's `read_video_pyav` does."""
+    keep, got = set(wanted), 0
+    try:
+        with av.open(os.fspath(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"  # frame threads: the same frames, decoded on several cores
+            container.seek(0)
+            for i, frame in enumerate(container.decode(stream)):
+                if i > wanted[-1]:
+                    break
+                if i in keep:
+                    rgb = frame.to_ndarray(format="rgb24")
+                    if rgb.shape[:2] != size:
+                        shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
+                        raise VideoInputError(name, f"frame {i} is {shown}, the stream says {size[1]}x{size[0]}")
+                    got += 1
+                    yield rgb
+    except (av.FFmpegError, OSError) as e:
+        raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
+    if got < len(wanted):
+        raise VideoInputError(
+            name, f"decoded {got} of the {len(wanted)} frames sampled (the container says it has {total} frames)"
+        )
