@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 import uuid
 from collections import deque
@@ -19,6 +20,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from vitjax import dali, layout, weights
+from vitjax.attention import ENV_VAR as ATTENTION_ENV
 from vitjax.attention import Segments, check_implementation, default_implementation
 from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cache import EmbeddingCache
@@ -87,10 +89,10 @@ class Encoder:
         self.cfg = cfg
         self.dtype = model.dtype
         picked = pick_devices(devices)
-        # The process's default path is for its default backend; CPU devices in a GPU process need XLA's.
-        on_gpu = all(d.platform == "gpu" for d in picked)
+        # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's.
+        auto = all(d.platform == "gpu" for d in picked) or os.environ.get(ATTENTION_ENV)
         self.attention = (
-            check_implementation(attention) if attention else default_implementation() if on_gpu else "reference"
+            check_implementation(attention) if attention else default_implementation() if auto else "reference"
         )
         self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
         self.cache = EmbeddingCache(cache_bytes)
