@@ -51,6 +51,15 @@ def smart_resize(
 
     Uses Python's `round` (half to even: 272/32 = 8.5 rounds to 256) exactly as HF does.
     """
+    return _fit(height, width, factor, min_pixels, max_pixels)
+
+
+def _fit(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int = 1, t_bar: int = 1
+) -> tuple[int, int]:
+    """The shared core of HF's image and video `smart_resize`: the aspect-ratio limit, sides rounded (half to
+    even) to multiples of `factor`, then the area (times `t_bar` rounded frames; `frames` real ones) scaled
+    into [min_pixels, max_pixels]."""
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
         raise ValueError(
@@ -59,12 +68,12 @@ def smart_resize(
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
@@ -180,24 +189,8 @@ def video_resized_size(
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    ratio = max(height, width) / min(height, width)
-    if ratio > MAX_ASPECT_RATIO:
-        raise ValueError(
-            f"aspect ratio {ratio:.4g} ({height}x{width}, height x width) exceeds the limit of "
-            f"{MAX_ASPECT_RATIO} that Qwen-VL preprocessing accepts"
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return _fit(height, width, factor, min_pixels, max_pixels, frames=num_frames, t_bar=t_bar)
 
 
 def video_size(
