@@ -73,14 +73,19 @@ def assert_same(got: list, ref: list) -> None:
             np.testing.assert_allclose([t[1] for t in sg[2]], [t[1] for t in sr[2]], atol=1e-4)
 
 
+def server_env(tmp_path: Path) -> dict[str, str]:
+    """SGLang's caches in the test's folder, the tower calls traced, only the smallest bucket warmed up."""
+    return {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), backend.TRACE_ENV: str(tmp_path / "trace.jsonl"),
+            backend.WARMUP_ENV: "512"}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("qwen3vl-http") / "model", TINY["hd64"], seed=1)
 
 
 def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(dense, tmp_path):
-    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), backend.TRACE_ENV: str(tmp_path / "trace.jsonl"),
-           backend.WARMUP_ENV: "512"}  # fmt: skip
+    env = server_env(tmp_path)
     args = ["--model-path", str(dense)]
     with server("sglang.launch_server", args, tmp_path / "stock.log", env) as url:
         stock = answers(url)
@@ -101,8 +106,7 @@ def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image
 
 
 def test_encoder_only_and_language_only_pair_with_the_bridge(dense, tmp_path):
-    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), backend.TRACE_ENV: str(tmp_path / "trace.jsonl"),
-           backend.WARMUP_ENV: "512"}  # fmt: skip
+    env = server_env(tmp_path)
     args = ["--model-path", str(dense)]
     with server("sglang.launch_server", args, tmp_path / "stock.log", env) as url:
         stock = answers(url)
