@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 
 import jax
 import jax.numpy as jnp
@@ -214,6 +215,34 @@ def test_fa4_needs_its_package():
     assert attention.fa4_available() is False
     with pytest.raises(ValueError, match="fa4-jax"):
         attention.check_implementation("fa4")
+
+
+@pytest.mark.parametrize(
+    "text, tile",
+    [
+        ("192x144ss", attention.Fa4Tile(192, 144, False, 2)),
+        ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
+        ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
+    ],
+)
+def test_fa4_tile_names(text, tile):
+    assert attention.Fa4Tile.parse(text) == tile and str(tile) == text
+
+
+@pytest.mark.parametrize("text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x"])
+def test_fa4_tile_bad_names(text):
+    with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
+        attention.Fa4Tile.parse(text)
+
+
+def test_set_fa4_tile_without_the_package(monkeypatch):
+    """Choosing a schedule only records it (fa4-jax is imported at the first fa4 trace); None restores fa4-jax's."""
+    monkeypatch.setattr(attention, "FA4_TILES", dict(attention.FA4_TILES))
+    tile = attention.Fa4Tile(128, 176, True)
+    attention.set_fa4_tile(64, tile)
+    assert attention.FA4_TILES[64] == tile
+    attention.set_fa4_tile(64, None)
+    assert 64 not in attention.FA4_TILES
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller
 - `fa4`: FlashAttention-4's Hopper (SM90) forward from the `fa4-jax` package (optional extra `fa4`) on the packed
   sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy).
   The default on Hopper where installed (`bench/NOTES.md` has the measurements), pinned like the cuDNN entry
-  point to the release it was checked on.
+  point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages) is
+  ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
 - `cudnn_packed`: cuDNN flash attention on the packed `[1, T, heads, head_dim]` sequence with per-segment
   offsets and lengths (its ragged "THD" layout). Only JAX's private cuDNN module exposes offsets, so the
   import is guarded and pinned to the JAX versions it was verified on.
@@ -23,6 +24,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import os
+import re
 import warnings
 
 import jax
@@ -34,6 +36,35 @@ ENV_VAR = "VITJAX_ATTENTION"
 CUDNN_PACKED_VERIFIED = ("0.11.2",)
 # fa4-jax releases whose Hopper kernel was run and checked against the reference on a GPU.
 FA4_VERIFIED = ("0.1.0",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fa4Tile:
+    """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
+    them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
+    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
+
+    m: int
+    n: int
+    p_in_registers: bool
+    stages: int = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Fa4Tile:
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
+        if found is None:
+            raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
+        m, n, mode, stages = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2))
+
+    def __str__(self) -> str:
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
+
+
+# Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). Empty: at
+# head_dim 72 FA3's 192x144ss was the fastest of 15 schedules measured on an H200 (`bench_fa4_tiles.py`,
+# bench/NOTES.md; the kernel is bound by L2 bandwidth, which the tile shape barely moves).
+FA4_TILES: dict[int, Fa4Tile] = {}
 
 
 @functools.partial(
@@ -204,8 +235,71 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
     """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten."""
     from fa4_jax import flash_attn_varlen
 
+    _route_fa4_schedules()
     cu = cu_seqlens(segments, q.shape[0])
     return flash_attn_varlen(q, k, v, cu, cu, seqused_q=segments.lengths, seqused_k=segments.lengths)
+
+
+def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
+    """Use `tile` for fa4's Hopper forward at `head_dim` from the next trace on (None: fa4-jax's own table).
+    Programs compiled before keep the kernel they were traced with."""
+    if tile is None:
+        FA4_TILES.pop(head_dim, None)
+    else:
+        FA4_TILES[head_dim] = tile
+    if _route_fa4_schedules.cache_info().currsize:
+        from fa4_jax import kernels
+
+        kernels._get_static.cache_clear()  # its memo holds the kernel objects built with the old schedule
+
+
+@functools.cache
+def _route_fa4_schedules() -> None:
+    """fa4-jax 0.1.0 builds the Hopper forward with FA3's tile for the head dim (`fa4_jax.kernels._get_fwd`, keyed
+    on head_dim only); route the plain (non-causal, no mask) forwards of the head dims in `FA4_TILES` through our
+    schedule instead. The one place that reaches into fa4-jax's internals: checked on `FA4_VERIFIED`."""
+    from fa4_jax import kernels
+
+    upstream = kernels._get_fwd
+
+    @functools.wraps(upstream)
+    def get_fwd(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen=False):
+        tile = FA4_TILES.get(head_dim)
+        if tile is None or arch // 10 != 9 or head_dim_v != head_dim or causal or local or mask_mod is not None:
+            return upstream(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen)
+        return _fa4_sm90_forward(tile, dtype, head_dim, qhead_per_kvhead, n_aux > 0)
+
+    kernels._get_fwd = get_fwd
+
+
+@functools.cache
+def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int, aux: bool):
+    """The Hopper forward kernel object for one schedule; refused before launch when its buffers do not fit in
+    shared memory (an oversized launch fails inside CUDA and poisons the context)."""
+    from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+
+    threads = (tile.m // 64 + 1) * 128  # one MMA warpgroup per 64 rows, plus the producer's
+    args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
+    if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
+        raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
+    return FlashAttentionForwardSm90(
+        dtype,
+        head_dim,
+        head_dim,
+        qhead_per_kvhead,
+        is_causal=False,
+        is_local=False,
+        pack_gqa=False,
+        tile_m=tile.m,
+        tile_n=tile.n,
+        num_stages=tile.stages,
+        num_threads=threads,
+        Q_in_regs=False,
+        intra_wg_overlap=True,
+        mma_pv_is_rs=tile.p_in_registers,
+        mask_mod=None,
+        has_aux_tensors=aux,
+    )
 
 
 def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, implementation: str) -> jax.Array:
