@@ -173,18 +173,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--impls", default="fa4,cudnn_packed,cudnn_padded", help="paths to run, where they can")
-    ap.add_argument("--head-dims", default="72,64", help="the first is timed on every workload, the rest on 20x4800")
-    ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
-    ap.add_argument("--out", default="bench/results")
-    args = ap.parse_args()
-    meta = {**versions(), "script": "bench_attention"}
+def recorder(script: str, out_dir: str):
+    """(rows, emit): `emit(row)` keeps the row, prints it as JSON with the device, versions (attention packages
+    too) and date, and appends it to <out_dir>/<device>-<date>.jsonl."""
+    meta = {**versions(), "script": script}
     for name in PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             meta[name] = importlib.metadata.version(name)
-    out = Path(args.out)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     out_file = out / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
     rows: list[dict] = []
@@ -196,6 +192,17 @@ def main() -> None:
         with out_file.open("a") as f:
             f.write(line + "\n")
 
+    return rows, emit
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impls", default="fa4,cudnn_packed,cudnn_padded", help="paths to run, where they can")
+    ap.add_argument("--head-dims", default="72,64", help="the first is timed on every workload, the rest on 20x4800")
+    ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    rows, emit = recorder("bench_attention", args.out)
     impls = available(args.impls.split(","))
     dims = [int(d) for d in args.head_dims.split(",")]
     emit({"phase": "start", "impls": impls})

@@ -4,19 +4,19 @@ Part times of one 8B block at the 20x960x1280 shape (each part compiled alone wi
 XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
 the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
 without deepstack taps (the cost of writing the tap carry); the MLP width padded to 4352; q|k and v from
-two GEMMs; Linear kernels stored [out, in]. With $HLO_DIR set, the shipped scan's optimized HLO is written
-there. One JSON object per line.
+two GEMMs; Linear kernels stored [out, in]; cuDNN's LayerNorm; XLA's block-level (Triton) fusions. With
+$HLO_DIR set, the shipped scan's optimized HLO is written there. One JSON object per line.
 
     PYTHONPATH=. python bench/bench_block.py
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -132,19 +132,28 @@ def kernels_nk(state):
     )
 
 
-def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir) -> None:
-    """The 27-block scan as the bucket executables compile it, and candidate changes to it."""
+def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None) -> None:
+    """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these)."""
     inputs = inputs_for(cfg, grids, tokens, slots)
     variants = {"shipped": (cfg, None, COMPILER_OPTIONS)}
     if shape_name == "20x960x1280":
         variants["xla_defaults"] = (cfg, None, {})
         variants["no_taps"] = (dataclasses.replace(cfg, deepstack_visual_indexes=()), None, COMPILER_OPTIONS)
+    # the memory-bound passes (LayerNorms, rotary, residuals): cuDNN's LayerNorm, XLA's block-level (Triton) fusions
+    variants["cudnn_layer_norm"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_enable_cudnn_layer_norm": True})
+    variants["triton_block_level"] = (
+        cfg,
+        None,
+        {**COMPILER_OPTIONS, "xla_gpu_experimental_enable_fusion_block_level_rewriter": True},
+    )
     variants["mlp_4352"] = (dataclasses.replace(cfg, intermediate_size=4352), None, COMPILER_OPTIONS)
     variants["split_qkv"] = (cfg, split_qkv_call, COMPILER_OPTIONS)
     variants["weights_nk"] = (cfg, "nk", COMPILER_OPTIONS)
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, original_linear = model.Attention.__call__, nnx.Linear.__call__
     for name, (c, patch, options) in variants.items():
+        if only and name not in only:
+            continue
         model.Attention.__call__ = patch if callable(patch) else original
         nnx.Linear.__call__ = linear_nk_call if patch == "nk" else original_linear
         try:
@@ -187,24 +196,31 @@ def random_state(abstract):
     )
 
 
-def main(smoke: bool = False) -> None:
-    """`smoke`: a tiny config and shapes, to check the script on a CPU."""
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="a tiny config and shapes, to check the script on a CPU")
+    ap.add_argument("--variants", help="scan variants to run, comma-separated (default: all)")
+    ap.add_argument("--no-parts", action="store_true", help="skip the per-part times")
+    args = ap.parse_args()
     emit(**versions())
     cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
     big, small, tokens, small_tokens = [(1, 80, 60)] * 20, [(1, 44, 80)], 98304, 4096
-    if smoke:
+    if args.smoke:
         cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
         big, small, tokens, small_tokens = [(1, 8, 6)] * 3, [(1, 4, 8)], 256, 64
-    flops_rate, bw = (1e12, 1e11) if smoke else ceilings()
+    flops_rate, bw = (1e12, 1e11) if args.smoke else ceilings()
     impl = attention.default_implementation()
-    tower = nnx.eval_shape(lambda: model.VisionTower(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
-    graph, abstract = nnx.split(tower)
-    tower = nnx.merge(graph, random_state(abstract))
-    block_parts(cfg, tower, inputs_for(cfg, big, tokens, 64), impl, flops_rate, bw)
+    emit(bench="attention_path", impl=impl)
+    if not args.no_parts:
+        tower = nnx.eval_shape(lambda: model.VisionTower(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+        graph, abstract = nnx.split(tower)
+        tower = nnx.merge(graph, random_state(abstract))
+        block_parts(cfg, tower, inputs_for(cfg, big, tokens, 64), impl, flops_rate, bw)
     hlo_dir = Path(os.environ["HLO_DIR"]) if "HLO_DIR" in os.environ else None
-    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir)
-    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir)
+    only = set(args.variants.split(",")) if args.variants else None
+    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir, only)
+    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir, only)
 
 
 if __name__ == "__main__":
-    main(smoke="--smoke" in sys.argv)
+    main()

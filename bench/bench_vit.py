@@ -36,6 +36,7 @@ from flax import nnx  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
+from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, Bucket, BucketPolicy, row_view  # noqa: E402
 from vitjax.model import TowerInputs  # noqa: E402
 
@@ -44,6 +45,7 @@ RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "
 MAIN = [("1x720p", 1, "720p"), ("8x1080p", 8, "1080p"), ("20x960x1280", 20, "960x1280")]
 SWEEP_COUNTS = (1, 2, 4, 8, 16, 32)
 SWEEP_RES = ("720p", "1080p", "2k")
+SHIPPED_TILES = dict(FA4_TILES)  # fa4 schedules as the library ships them (a run may set others)
 
 
 def workloads(sweep: bool, smoke: bool) -> list[tuple[str, list[tuple[int, int, int]]]]:
@@ -215,8 +217,15 @@ def run_vitjax(
     `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
-    enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", buckets=policy, attention=attention, **parallel)
-    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": enc.attention, **parallel})
+    impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
+    if impl == "fa4":
+        schedule = SHIPPED_TILES.get(cfg.head_dim) if not tile else None if tile == "upstream" else Fa4Tile.parse(tile)
+        set_fa4_tile(cfg.head_dim, schedule)
+    enc = vitjax.Encoder.from_pretrained(
+        weights_dir, dtype="bfloat16", buckets=policy, attention=impl or None, **parallel
+    )
+    label = attention or enc.attention
+    emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": label, **parallel})
     engine = enc.parallel.engines[0]
     compiled: dict = {}
     for name, grids in items:
@@ -246,7 +255,7 @@ def run_vitjax(
         stats = jax.devices()[0].memory_stats() or {}
         row = {
             "impl": "vitjax",
-            "attention": enc.attention,
+            "attention": label,
             **parallel,
             "workload": name,
             "images": len(grids),
@@ -274,7 +283,7 @@ def run_vitjax(
             if parts and len(plan) == 1 and name in {m[0] for m in MAIN}:
                 row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
         emit(row)
-    return {"buckets": [list(b) for b in compiled], "attention": enc.attention}
+    return {"buckets": [list(b) for b in compiled], "attention": label}
 
 
 def warm_start(weights_dir: Path, buckets: list, emit) -> None:
@@ -380,7 +389,11 @@ def main() -> None:
     ap.add_argument(
         "--devices", default="1", help="vitjax runs: device counts, 'spN' for N devices in one Ulysses group: 1,2,sp2"
     )
-    ap.add_argument("--attention", help="vitjax runs: attention paths, comma-separated (default: the automatic one)")
+    ap.add_argument(
+        "--attention",
+        help="vitjax runs: attention paths, comma-separated (default: the automatic one); fa4:TILE (e.g. "
+        "fa4:128x176rs) or fa4:upstream runs fa4 with that schedule",
+    )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:

@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
-# fa4 (FlashAttention-4's Hopper kernel through fa4-jax) beside cuDNN, on one H100/H200, in as few device calls
-# as the wheels allow. Run from the project root on the GPU machine:
-#   FA4_SITE=/tmp/fa4site OUT=/tmp/out bash bench/run_attn_gpu.sh [STEP...]   steps: smoke attention parity vit
-# FA4_SITE holds the packages unpacked for Python 3.12 (the GPU machine has no internet), e.g. made here with
+# fa4 (FlashAttention-4's Hopper kernel through fa4-jax) on one H100/H200, in as few device calls as the lease
+# allows. Run from the project root on the GPU machine:
+#   OUT=/tmp/out bash bench/run_attn_gpu.sh [STEP...]
+# steps: unpack smoke tiles block profile attention parity vit (default: unpack smoke attention parity vit)
+# The GPU machine has no internet: the packages travel as one archive, .fa4/site.tar.xz (the device tool's carry),
+# made here from the wheels of
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #     --platform manylinux_2_24_x86_64 fa4-jax==0.1.0 cutejax==0.1.5 nvidia-cutlass-dsl==4.8.1 \
 #     nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 \
 #     jax-tvm-ffi==0.1.3 apache-tvm-ffi==0.1.15.post2
-# and each wheel unzipped into one folder (~260 MB, 72 MB as tar.xz: split it to fit a call). jax-tvm-ffi 0.1.2
-# (what cutejax's metadata asks for) may sit in $FA4_SITE/alt012: `smoke` uses it if 0.1.3 cannot run a kernel.
-# `parity` and `vit` run only if `attention` found fa4 faster than cuDNN on 20 x 4800 and within the test's error.
-# The steps may be split over several calls while the machine stays warm: the JSON lines accumulate in $RESULTS
-# (/tmp) and are copied to $OUT/results at the end of each call.
+# each unzipped into one folder, less what nothing imports (tvm_ffi/3rdparty, the iket profiler, the aarch64
+# runtime stubs; libtvm_ffi_testing.so travels beside the archive), packed with `tar cf - . | xz --x86 --lzma2=preset=9e,dict=256MiB`
+# (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), TILES
+# (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants), PROFILE_TILES (schedules ncu reads).
 set -u -o pipefail
 OUT=${OUT:-/tmp/vitjax-gpu}
 SITE=${FA4_SITE:-/tmp/fa4site}
-RESULTS=${RESULTS:-/tmp/fa4-results}
-mkdir -p "$OUT/results" "$RESULTS"
+mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-# The .pth that would put cutlass on the path is not read from a --target folder, hence dsl_packages.
+# The .pth that would put cutlass on the path is not read from a plain folder, hence dsl_packages.
 export PYTHONPATH=.:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages
-[ -f "$SITE.pythonpath" ] && PYTHONPATH=$(cat "$SITE.pythonpath")
-STEPS=${*:-smoke attention parity vit}
+STEPS=${*:-unpack smoke attention parity vit}
 
 run() {  # name, seconds, command...
     local name=$1 limit=$2
@@ -43,45 +42,45 @@ seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]))
 q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((512, 16, 72)), jnp.bfloat16) for i in range(3))
 run = lambda impl: np.asarray(jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))(q, k, v), np.float32)
 real = packed.segment_ids >= 0
-print("default:", attention.default_implementation(), "max abs err vs reference:",
-      float(np.abs(run("fa4")[real] - run("reference")[real]).max()))
+print("default:", attention.default_implementation(), "tiles:", {h: str(t) for h, t in attention.FA4_TILES.items()},
+      "max abs err vs reference:", float(np.abs(run("fa4")[real] - run("reference")[real]).max()))
 '
 
-fa4_wins() {  # fa4 faster than cudnn_packed on 20x4800 (hd 72, both rounds) and within 0.03 on every clean check
-    python3 - "$RESULTS" <<'EOF'
-import json, pathlib, sys
-rows = [json.loads(l) for f in pathlib.Path(sys.argv[1]).glob("*.jsonl") for l in f.read_text().splitlines()]
-rows = [r for r in rows if r.get("script") == "bench_attention"]
-speed = lambda impl: max(r["ms"] for r in rows if r.get("bench") == "attention" and r["frames"] == "20x4800"
-                         and r["head_dim"] == 72 and r["impl"] == impl)
-errs = [r["max_abs_err"] for r in rows if r.get("impl") == "fa4" and "max_abs_err" in r and r.get("padding") != "nan"]
-ok = bool(errs) and max(errs) < 0.03 and speed("fa4") < min(
-    r["ms"] for r in rows if r.get("bench") == "attention" and r["frames"] == "20x4800" and r["head_dim"] == 72
-    and r["impl"] == "cudnn_packed")
-print("fa4 wins" if ok else "fa4 does not win", flush=True)
-sys.exit(0 if ok else 1)
-EOF
-}
+# One fa4 call on 20 x 4800 under each schedule in $PROFILE_TILES, for ncu (its kernel is the only CuTe one).
+PROFILE='
+import sys, jax
+sys.path.insert(0, "bench")
+from bench_attention import CASES, random_qkv, run_fn, segments
+from vitjax import attention
+attention.set_fa4_tile(72, attention.Fa4Tile.parse(sys.argv[1]))
+grids, tokens, slots = CASES["20x4800"]
+fn = run_fn("fa4", segments(grids, tokens, slots))
+jax.block_until_ready(fn(*random_qkv(0, tokens, 72)))
+'
 
 for step in $STEPS; do
     case $step in
-    smoke)
-        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/smoke-gpu.log"
-        if ! run smoke 240 python3 -c "$SMOKE"; then
-            echo "jax-tvm-ffi 0.1.3 failed: trying 0.1.2"
-            PYTHONPATH=.:$SITE/alt012:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages
-            run smoke 240 python3 -c "$SMOKE" || exit 1
-        fi
-        echo "$PYTHONPATH" > "$SITE.pythonpath" ;;
-    attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$RESULTS" ;;
-    parity)
-        fa4_wins || continue
-        run parity 300 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
-    vit)
-        fa4_wins || continue
-        run vit 300 python3 bench/bench_vit.py --out "$RESULTS" --no-parts --no-warm-start \
-            --attention cudnn_packed,fa4 ;;
+    unpack)
+        [ -d "$SITE/fa4_jax" ] || { mkdir -p "$SITE" && xz -dc .fa4/site.tar.xz | tar xf - -C "$SITE"; } || exit 1
+        cp .fa4/libtvm_ffi_testing.so "$SITE/tvm_ffi/lib/" || exit 1  # tvm_ffi's core links it
+        du -sh "$SITE" ;;
+    smoke) export SMOKE && run smoke 240 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm \
+        --format=csv && python3 -c "$SMOKE"' || exit 1 ;;
+    tiles) run tiles 420 python3 bench/bench_fa4_tiles.py --out "$OUT/results" ${TILES:+--variants "$TILES"} ;;
+    block) run block 240 env HLO_DIR="$OUT" python3 bench/bench_block.py --no-parts \
+        --variants "${BLOCK_VARIANTS:-shipped,cudnn_layer_norm,triton_block_level,shipped_again}"
+        rm -f "$OUT/scan_1x720p.hlo.txt" ;;  # the device tool brings back at most 8 files
+    profile)
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        for tile in ${PROFILE_TILES:-192x144ss}; do
+            run "profile-$tile" 120 "$NCU" --clock-control none --kernel-name regex:FlashAttentionForwardSm90 \
+                --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+                --section InstructionStats --section Occupancy python3 -c "$PROFILE" "$tile"
+        done ;;
+    attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" ;;
+    parity) run parity 300 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
+    vit) run vit 420 python3 bench/bench_vit.py --out "$OUT/results" --no-parts --no-warm-start \
+        --attention "${VIT_ATTENTION:-cudnn_packed,fa4}" ;;
     *) echo "unknown step $step" ;;
     esac
 done
-cp "$RESULTS"/*.jsonl "$OUT/results/" 2>/dev/null
