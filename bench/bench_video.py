@@ -18,11 +18,11 @@ import json
 import os
 import platform
 import tempfile
-import time
 from pathlib import Path
 
 import av
 import numpy as np
+from bench_vit import median_time  # bench/ is on sys.path when run as a script
 from PIL import Image
 
 from vitjax.preprocess import preprocess_video
@@ -43,16 +43,6 @@ def write_clip(path: Path, height: int, width: int, seconds: float, rate: int = 
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return path
-
-
-def median_ms(fn, reps: int) -> tuple[float, list[float]]:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times)), times
 
 
 def main() -> None:
@@ -97,7 +87,8 @@ def main() -> None:
                 ("hf", "end_to_end", hf_all),
                 ("vitjax", "end_to_end", lambda clip=clip: preprocess_video(clip)),
             ):
-                ms, times = median_ms(fn, args.reps)
+                seconds, times = median_time(fn, args.reps)
+                ms, times = seconds * 1e3, [t * 1e3 for t in times]
                 row = {**meta, "script": "bench_video", "workload": workload, "grid_thw": grid[0].tolist()}
                 rows.append({**row, "impl": impl, "part": part, "ms": ms, "ms_all": [round(t, 1) for t in times]})
                 print(json.dumps(rows[-1]), flush=True)
