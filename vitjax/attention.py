@@ -63,7 +63,7 @@ class Fa4Tile:
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). Empty: at
 # head_dim 72 FA3's 192x144ss was the fastest of 15 schedules measured on an H200 (`bench_fa4_tiles.py`,
-# bench/NOTES.md; the kernel is bound by L2 bandwidth, which the tile shape barely moves).
+# bench/NOTES.md; at width 80 it runs at its head_dim-64 rate, and neither tiles nor halved L2 traffic move it).
 FA4_TILES: dict[int, Fa4Tile] = {}
 
 
