@@ -3,17 +3,21 @@
 Part times of one 8B block at the 20x960x1280 shape (each part compiled alone with the bucket executables'
 XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
 the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
-without deepstack taps (the cost of writing the tap carry); the MLP width padded to 4352; q|k and v from
-two GEMMs; Linear kernels stored [out, in]; cuDNN's LayerNorm; XLA's block-level (Triton) fusions. With
-$HLO_DIR set, the shipped scan's optimized HLO is written there. One JSON object per line.
+without deepstack taps (the cost of writing the tap carry); the previous paths (the MLP's hidden width not
+padded, one qkv GEMM); cuDNN's LayerNorm; XLA's block-level (Triton) fusions. With
+$HLO_DIR set, the shipped scan's optimized HLO is written there. With --profile, each scan also runs under JAX's
+profiler and its device ops' times per call are reported (`scan_op` rows, largest first). One JSON object
+per line.
 
-    PYTHONPATH=. python bench/bench_block.py
+    PYTHONPATH=. python bench/bench_block.py [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import gzip
 import json
 import os
 import re
@@ -62,15 +66,14 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
     bgraph, bstate = nnx.split(blk)
     x = jax.random.normal(jax.random.key(2), (tokens, d), jnp.bfloat16)
     cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
-    heads, hd = cfg.num_heads, cfg.head_dim
     seg = inputs.segments
 
     def qkv(s, x):
         b = nnx.merge(bgraph, s)
-        return b.attn.qkv(b.norm1(x)).reshape(tokens, 3, heads, hd)
+        return b.attn.qk_v(b.norm1(x))
 
-    def rot(s, y):
-        return apply_rotary(y[:, 0], cos, sin), apply_rotary(y[:, 1], cos, sin), y[:, 2]
+    def rot(s, qk):
+        return apply_rotary(qk[:, 0], cos, sin), apply_rotary(qk[:, 1], cos, sin)
 
     def attn(s, q, k, v):
         return attention.attention(q, k, v, seg, impl)
@@ -80,23 +83,23 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
 
     def mlp_up(s, x):
         b = nnx.merge(bgraph, s)
-        return jax.nn.gelu(b.mlp.linear_fc1(b.norm2(x)), approximate=True)
+        return b.mlp.up(b.norm2(x))
 
     def mlp_down(s, h, x):
-        return x + nnx.merge(bgraph, s).mlp.linear_fc2(h)
+        return x + nnx.merge(bgraph, s).mlp.down(h)
 
     def whole(s, x):
         return nnx.merge(bgraph, s)(x, cos, sin, seg, impl)
 
-    y = jax.jit(qkv)(bstate, x)
-    q, k, v = jax.jit(rot)(bstate, y)
+    qk, v = jax.jit(qkv)(bstate, x)
+    q, k = jax.jit(rot)(bstate, qk)
     o = jax.jit(attn)(bstate, q, k, v)
     h = jax.jit(mlp_up)(bstate, x)
     row_bytes = tokens * 2
     useful = sum(int(n) ** 2 for n in np.asarray(seg.lengths))
     parts = {
         "ln1+qkv": (jax.jit(qkv), (bstate, x), 2 * tokens * d * 3 * d, row_bytes * (d + 3 * d)),
-        "rotary+v": (jax.jit(rot), (bstate, y), 0, row_bytes * 6 * d),
+        "rotary": (jax.jit(rot), (bstate, qk), 0, row_bytes * 4 * d),
         "attention": (jax.jit(attn), (bstate, q, k, v), 4 * d * useful, row_bytes * 4 * d),
         "proj+residual": (jax.jit(proj), (bstate, o, x), 2 * tokens * d * d, row_bytes * 3 * d),
         "ln2+fc1+gelu": (jax.jit(mlp_up), (bstate, x), 2 * tokens * d * inter, row_bytes * (d + inter)),
@@ -109,31 +112,16 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
         emit(bench="block_part", part=name, tokens=tokens, ms=t * 1e3, floor_ms=floor * 1e3, tflops=fl / t / 1e12)
 
 
-def split_qkv_call(self, x, cos, sin, segments, impl):
-    """Candidate: q|k and v from two GEMMs, so v lands in its own buffer (no copy out of the fused qkv)."""
-    d = x.shape[-1]
-    w, b = self.qkv.kernel[...], self.qkv.bias[...]
-    qk = (x @ w[:, : 2 * d] + b[: 2 * d]).reshape(x.shape[0], 2, self.num_heads, self.head_dim)
-    v = (x @ w[:, 2 * d :] + b[2 * d :]).reshape(x.shape[0], self.num_heads, self.head_dim)
-    q, k = model.apply_rotary(qk[:, 0], cos, sin), model.apply_rotary(qk[:, 1], cos, sin)
-    return self.proj(attention.attention(q, k, v, segments, impl).reshape(x.shape))
+def fused_qkv_call(self, x, cos, sin, segments, impl):
+    """The previous path: one qkv GEMM, q, k and v sliced out of it (v copied for the attention kernel)."""
+    qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
+    q, k = model.apply_rotary(qkv[:, 0], cos, sin), model.apply_rotary(qkv[:, 1], cos, sin)
+    return self.proj(attention.attention(q, k, qkv[:, 2], segments, impl).reshape(x.shape))
 
 
-def linear_nk_call(self, x):
-    """Candidate: the kernel stored [out, in] (HF's layout), contracted on its second axis."""
-    y = jax.lax.dot_general(x, self.kernel[...], (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
-    return y + self.bias[...]
-
-
-def kernels_nk(state):
-    """Swap the last two axes of every Linear kernel (stacked or not) to match `linear_nk_call`."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, a: jnp.swapaxes(a, -1, -2) if "kernel" in jax.tree_util.keystr(p) and a.ndim >= 2 else a, state
-    )
-
-
-def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None) -> None:
-    """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these)."""
+def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None, profile=False) -> None:
+    """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these);
+    `profile`: each one's device ops too."""
     inputs = inputs_for(cfg, grids, tokens, slots)
     variants = {"shipped": (cfg, None, COMPILER_OPTIONS)}
     if shape_name == "20x960x1280":
@@ -146,21 +134,19 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         None,
         {**COMPILER_OPTIONS, "xla_gpu_experimental_enable_fusion_block_level_rewriter": True},
     )
-    variants["mlp_4352"] = (dataclasses.replace(cfg, intermediate_size=4352), None, COMPILER_OPTIONS)
-    variants["split_qkv"] = (cfg, split_qkv_call, COMPILER_OPTIONS)
-    variants["weights_nk"] = (cfg, "nk", COMPILER_OPTIONS)
+    variants["mlp_unpadded"] = (cfg, "unpadded", COMPILER_OPTIONS)
+    variants["fused_qkv"] = (cfg, fused_qkv_call, COMPILER_OPTIONS)
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
-    original, original_linear = model.Attention.__call__, nnx.Linear.__call__
+    original, width = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
             continue
         model.Attention.__call__ = patch if callable(patch) else original
-        nnx.Linear.__call__ = linear_nk_call if patch == "nk" else original_linear
+        model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
             state = random_state(abstract)
-            state = kernels_nk(state) if patch == "nk" else state
             x = jax.random.normal(jax.random.key(3), (tokens, cfg.hidden_size), jnp.bfloat16)
             fn = jax.jit(lambda s, x, inp, graph=graph: nnx.merge(graph, s).run_blocks(x, inp, impl))
             start = time.perf_counter()
@@ -170,6 +156,9 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             hlo = exe.as_text()
             if hlo_dir and name == "shipped":
                 (hlo_dir / f"scan_{shape_name}.hlo.txt").write_text(hlo)
+            if profile:
+                for line, op, ms in op_times(exe, (state, x, inputs))[:40]:
+                    emit(bench="scan_op", shape=shape_name, variant=name, line=line, op=op, ms=ms)
             epilogues = sorted(set(re.findall(r'"epilogue":"(\w+)"', hlo)))
             gemms = {k: hlo.count(k) for k in ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")}
             emit(
@@ -184,7 +173,31 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         except Exception as e:  # a variant the installed XLA rejects is reported, not fatal
             emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
         finally:
-            model.Attention.__call__, nnx.Linear.__call__ = original, original_linear
+            model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE = original, width
+
+
+def op_times(exe, args, calls: int = 3) -> list[tuple[str, str, float]]:
+    """(device line, op, ms per call) of `calls` runs of `exe` under JAX's profiler, largest first. XLA's device
+    lines name each op (fusions, custom calls, GEMMs) as in the optimized HLO."""
+    import tempfile
+
+    jax.block_until_ready(exe(*args))
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            for _ in range(calls):
+                jax.block_until_ready(exe(*args))
+        trace = json.loads(gzip.decompress(next(Path(folder).rglob("perfetto_trace.json.gz")).read_bytes()))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {}  # (pid, tid or None) -> name
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            names[(e["pid"], e.get("tid") if e["name"] == "thread_name" else None)] = e["args"]["name"]
+    total: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for e in events:
+        process = names.get((e.get("pid"), None), "")
+        if e.get("ph") == "X" and ("GPU" in process or "gpu" in process):
+            total[(names.get((e["pid"], e.get("tid")), "?"), e["name"])] += e.get("dur", 0) / 1e3 / calls
+    return sorted(((line, op, ms) for (line, op), ms in total.items()), key=lambda r: -r[2])
 
 
 def random_state(abstract):
@@ -201,6 +214,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny config and shapes, to check the script on a CPU")
     ap.add_argument("--variants", help="scan variants to run, comma-separated (default: all)")
     ap.add_argument("--no-parts", action="store_true", help="skip the per-part times")
+    ap.add_argument("--profile", action="store_true", help="device time per op of each scan variant")
     args = ap.parse_args()
     emit(**versions())
     cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
@@ -218,8 +232,8 @@ def main() -> None:
         block_parts(cfg, tower, inputs_for(cfg, big, tokens, 64), impl, flops_rate, bw)
     hlo_dir = Path(os.environ["HLO_DIR"]) if "HLO_DIR" in os.environ else None
     only = set(args.variants.split(",")) if args.variants else None
-    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir, only)
-    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir, only)
+    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir, only, args.profile)
+    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir, only, args.profile)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from transformers import vision_utils
 import vitjax
 from vitjax import layout
 from vitjax.attention import Segments
-from vitjax.model import apply_rotary, rotary_tables
+from vitjax.model import GEMM_WIDTH_MULTIPLE, apply_rotary, rotary_tables
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,18 @@ def test_attention(loaded):
         ref = hf.blocks[1].attn(torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=rope)
     got = _block(model.blocks, 1).attn(jnp.asarray(h), cos, sin, segments, "reference")
     assert_close_to_scale(np.asarray(got), ref.numpy())
+
+
+def test_mlp_matches_hf_at_the_padded_width(loaded):
+    """The hidden width is zero-padded for the GEMMs (the tiny widths are not multiples), the output is HF's."""
+    cfg, hf, _, model = loaded
+    mlp = _block(model.blocks, 0).mlp
+    padded = -(-cfg.intermediate_size // GEMM_WIDTH_MULTIPLE) * GEMM_WIDTH_MULTIPLE
+    assert padded > cfg.intermediate_size and mlp.up(jnp.zeros((1, cfg.hidden_size))).shape == (1, padded)
+    x = np.random.default_rng(5).standard_normal((24, cfg.hidden_size)).astype(np.float32)
+    with torch.no_grad():
+        ref = hf.blocks[0].mlp(torch.from_numpy(x))
+    assert_close_to_scale(np.asarray(mlp(jnp.asarray(x))), ref.numpy())
 
 
 @pytest.mark.parametrize("index", [0, -1])

@@ -34,8 +34,19 @@ def _precision(dtype: jnp.dtype) -> jax.lax.Precision:
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else jax.lax.Precision.DEFAULT
 
 
+# GEMM widths are zero-padded to a multiple of this where the model allows it exactly (the MLP's hidden width):
+# on an H200 cuBLASLt ran fc1 at ~600 TFLOP/s with N = 4304 (8B and larger), ~740 with 4352; on an H100 both
+# the same (bench/NOTES.md).
+GEMM_WIDTH_MULTIPLE = 256
+
+
 def _linear(din: int, dout: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
     return nnx.Linear(din, dout, dtype=dtype, param_dtype=dtype, precision=_precision(dtype), rngs=rngs)
+
+
+def _dense(layer: nnx.Linear, x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+    """`layer`'s matmul with a kernel and bias derived from its own (a slice, a padded copy)."""
+    return jnp.dot(x, kernel, precision=layer.precision) + bias
 
 
 class _LayerNorm(nnx.LayerNorm):
@@ -64,10 +75,18 @@ class Attention(nnx.Module):
         self.qkv = _linear(cfg.hidden_size, 3 * cfg.hidden_size, dtype, rngs)
         self.proj = _linear(cfg.hidden_size, cfg.hidden_size, dtype, rngs)
 
+    def qk_v(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """q|k `[T, 2, heads, head_dim]` and v `[T, heads, head_dim]` from two GEMMs over the one stored kernel:
+        v lands in a buffer of its own, which the attention kernel reads as it is (one product would leave v
+        to be copied out of it: bench/NOTES.md)."""
+        w, b, d = self.qkv.kernel[...], self.qkv.bias[...], x.shape[-1]
+        qk = _dense(self.qkv, x, w[:, : 2 * d], b[: 2 * d]).reshape(x.shape[0], 2, self.num_heads, self.head_dim)
+        v = _dense(self.qkv, x, w[:, 2 * d :], b[2 * d :]).reshape(x.shape[0], self.num_heads, self.head_dim)
+        return qk, v
+
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
-        qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qk, v = self.qk_v(x)
+        q, k = apply_rotary(qk[:, 0], cos, sin), apply_rotary(qk[:, 1], cos, sin)
         out = attention(q, k, v, segments, impl)
         return self.proj(out.reshape(x.shape))
 
@@ -77,10 +96,27 @@ class MLP(nnx.Module):
         self.linear_fc1 = _linear(cfg.hidden_size, cfg.intermediate_size, dtype, rngs)
         self.linear_fc2 = _linear(cfg.intermediate_size, cfg.hidden_size, dtype, rngs)
 
+    def _widened(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """fc1's kernel and bias and fc2's kernel, the hidden width zero-padded to `GEMM_WIDTH_MULTIPLE`: zero
+        columns of fc1 give GELU(0) = 0, which meets zero rows of fc2, so the result is unchanged."""
+        w1, b1, w2 = self.linear_fc1.kernel[...], self.linear_fc1.bias[...], self.linear_fc2.kernel[...]
+        pad = -w1.shape[1] % GEMM_WIDTH_MULTIPLE
+        if pad:
+            w1, b1, w2 = jnp.pad(w1, ((0, 0), (0, pad))), jnp.pad(b1, (0, pad)), jnp.pad(w2, ((0, pad), (0, 0)))
+        return w1, b1, w2
+
+    def up(self, x: jax.Array) -> jax.Array:
+        """GELU(fc1(x)) at the padded width. tanh-GELU on fc1's output dtype: on GPUs XLA makes it the GEMM's
+        cuBLASLt epilogue, evaluated in fp32 on the accumulator before the one rounding (bench/NOTES.md: -3.6%
+        tower time); in fp32 it is exact."""
+        w1, b1, _ = self._widened()
+        return jax.nn.gelu(_dense(self.linear_fc1, x, w1, b1), approximate=True)
+
+    def down(self, h: jax.Array) -> jax.Array:
+        return _dense(self.linear_fc2, h, self._widened()[2], self.linear_fc2.bias[...])
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        # tanh-GELU on fc1's output dtype: on GPUs XLA makes it the GEMM's cuBLASLt epilogue, evaluated in fp32
-        # on the accumulator before the one rounding (bench/NOTES.md: -3.6% tower time); in fp32 it is exact.
-        return self.linear_fc2(jax.nn.gelu(self.linear_fc1(x), approximate=True))
+        return self.down(self.up(x))
 
 
 class Block(nnx.Module):
