@@ -84,12 +84,20 @@ def dense(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("qwen3vl-http") / "model", TINY["hd64"], seed=1)
 
 
-def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(dense, tmp_path):
+@pytest.fixture(scope="module")
+def stock(dense, tmp_path_factory) -> list:
+    """Stock `sglang.launch_server`'s answers, the reference of every server test (one server start for all)."""
+    folder = tmp_path_factory.mktemp("stock")
+    env = server_env(folder)
+    with server("sglang.launch_server", ["--model-path", str(dense)], folder / "stock.log", env) as url:
+        found = answers(url)
+    assert not (folder / "trace.jsonl").exists()  # stock SGLang never calls the bridge
+    return found
+
+
+def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(dense, stock, tmp_path):
     env = server_env(tmp_path)
     args = ["--model-path", str(dense)]
-    with server("sglang.launch_server", args, tmp_path / "stock.log", env) as url:
-        stock = answers(url)
-    assert not (tmp_path / "trace.jsonl").exists()
     with server("bridge.launch_server", ["--mm-encoder-backend", "jax", *args], tmp_path / "jax.log", env) as url:
         assert_same(answers(url), stock)
         truncated = "data:image/jpeg;base64," + base64.b64encode((IMAGES / "coffee.jpg").read_bytes()[:300]).decode()
@@ -105,11 +113,9 @@ def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image
     assert calls == [[[1, 4, 4]], [[1, 16, 16]], [[1, 12, 18]], [[1, 12, 18]]], calls
 
 
-def test_encoder_only_and_language_only_pair_with_the_bridge(dense, tmp_path):
+def test_encoder_only_and_language_only_pair_with_the_bridge(dense, stock, tmp_path):
     env = server_env(tmp_path)
     args = ["--model-path", str(dense)]
-    with server("sglang.launch_server", args, tmp_path / "stock.log", env) as url:
-        stock = answers(url)
     encoder = ["--mm-encoder-backend", "jax", *args, "--encoder-only"]
     with server("bridge.launch_server", encoder, tmp_path / "encoder.log", env) as enc_url:
         language = [*args, "--language-only", "--encoder-urls", enc_url]

@@ -162,7 +162,7 @@ def test_sequence_parallel_refuses_what_cannot_split(params):
         enc.encode_patches(pixels_for([(1, 4, 4)], CFG, seed=0), np.array([(1, 4, 4)]))
 
 
-def test_cli_devices(tmp_path, capsys):
+def test_cli_devices(checkpoint, tmp_path, capsys):
     """`--devices all` spreads the three images of one call over three devices, `--sequence-parallel 2` over
     two pairs of devices; both write what one device writes."""
     for i, color in enumerate(("red", "green", "blue")):
@@ -170,7 +170,7 @@ def test_cli_devices(tmp_path, capsys):
     outs = {}
     for flags in (("--devices", "1"), ("--devices", "all"), ("--devices", "4", "--sequence-parallel", "2")):
         out = tmp_path / f"{len(outs)}.safetensors"
-        argv = ["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--dtype", "float32", *flags]
+        argv = ["encode", str(tmp_path), "--model", str(checkpoint), "--dtype", "float32", *flags]
         assert cli_main([*argv, "-o", str(out)]) == 0
         outs[flags] = load_file(out)
     one, *others = outs.values()
