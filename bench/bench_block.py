@@ -4,7 +4,7 @@ Part times of one 8B block at the 20x960x1280 shape (each part compiled alone wi
 XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
 the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
 without deepstack taps (the cost of writing the tap carry); the previous paths (the MLP's hidden width not
-padded, one qkv GEMM); cuDNN's LayerNorm; XLA's block-level (Triton) fusions. With
+padded, one qkv GEMM, XLA's two-pass LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions. With
 $HLO_DIR set, the shipped scan's optimized HLO is written there. With --profile, each scan also runs under JAX's
 profiler and its device ops' times per call are reported (`scan_op` rows, largest first). One JSON object
 per line.
@@ -136,13 +136,15 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     )
     variants["mlp_unpadded"] = (cfg, "unpadded", COMPILER_OPTIONS)
     variants["fused_qkv"] = (cfg, fused_qkv_call, COMPILER_OPTIONS)
+    variants["xla_layer_norm"] = (cfg, "xla_ln", COMPILER_OPTIONS)
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
-    original, width = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE
+    original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
             continue
         model.Attention.__call__ = patch if callable(patch) else original
         model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
+        model._LayerNorm.__call__ = model._LayerNorm.xla if patch == "xla_ln" else norm
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
@@ -173,7 +175,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         except Exception as e:  # a variant the installed XLA rejects is reported, not fatal
             emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
         finally:
-            model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE = original, width
+            model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__ = original, width, norm
 
 
 def op_times(exe, args, calls: int = 3) -> list[tuple[str, str, float]]:

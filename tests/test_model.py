@@ -14,7 +14,8 @@ from transformers import vision_utils
 import vitjax
 from vitjax import layout
 from vitjax.attention import Segments
-from vitjax.model import GEMM_WIDTH_MULTIPLE, apply_rotary, rotary_tables
+from vitjax.layer_norm import one_pass, pieces, rows_per_program
+from vitjax.model import GEMM_WIDTH_MULTIPLE, _LayerNorm, apply_rotary, rotary_tables
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,21 @@ def test_mlp_matches_hf_at_the_padded_width(loaded):
     with torch.no_grad():
         ref = hf.blocks[0].mlp(torch.from_numpy(x))
     assert_close_to_scale(np.asarray(mlp(jnp.asarray(x))), ref.numpy())
+
+
+@pytest.mark.parametrize("width, dtype", [(1152, jnp.bfloat16), (4608, jnp.bfloat16), (144, jnp.float32)])
+def test_one_pass_layer_norm_matches_xla(width, dtype):
+    """The GPU LayerNorm's kernel (run by Pallas' interpreter) against XLA's, at the towers' widths; on a CPU
+    the model takes XLA's, bit for bit."""
+    assert sum(k for _, k in pieces(width)) == width and all(k & (k - 1) == 0 for _, k in pieces(width))
+    norm = _LayerNorm(width, dtype, nnx.Rngs(0))
+    norm.scale[...] = jax.random.normal(jax.random.key(1), (width,)).astype(dtype)
+    norm.bias[...] = jax.random.normal(jax.random.key(2), (width,)).astype(dtype)
+    x = (jax.random.normal(jax.random.key(3), (3 * rows_per_program(width), width)) * 3 + 1).astype(dtype)
+    ref = np.asarray(norm.xla(x), np.float32)
+    got = np.asarray(one_pass(x, norm.scale[...], norm.bias[...], norm.epsilon, interpret=True), np.float32)
+    assert_close_to_scale(got, ref, rel=2**-8 if dtype == jnp.bfloat16 else 1e-6)
+    np.testing.assert_array_equal(np.asarray(jax.jit(norm)(x)), np.asarray(jax.jit(norm.xla)(x)))
 
 
 @pytest.mark.parametrize("index", [0, -1])

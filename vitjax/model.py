@@ -16,6 +16,7 @@ from flax import nnx
 
 from vitjax.attention import Segments, attention
 from vitjax.config import VisionConfig
+from vitjax.layer_norm import layer_norm
 
 F32 = jnp.float32
 
@@ -50,12 +51,17 @@ def _dense(layer: nnx.Linear, x: jax.Array, kernel: jax.Array, bias: jax.Array) 
 
 
 class _LayerNorm(nnx.LayerNorm):
-    """LayerNorm (eps 1e-6) computed in fp32 whatever the activation dtype, result cast back."""
+    """LayerNorm (eps 1e-6) computed in fp32 whatever the activation dtype, result cast back; in one pass on
+    CUDA GPUs (`vitjax.layer_norm`)."""
 
     def __init__(self, dim: int, dtype: jnp.dtype, rngs: nnx.Rngs):
         super().__init__(dim, epsilon=1e-6, dtype=F32, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        return layer_norm(x, self.scale[...], self.bias[...], self.epsilon, self.xla)
+
+    def xla(self, x: jax.Array) -> jax.Array:
+        """XLA's LayerNorm (two passes over x)."""
         return super().__call__(x).astype(x.dtype)
 
 
