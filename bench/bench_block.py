@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         variants["xla_defaults"] = (cfg, None, {})
         variants["no_taps"] = (dataclasses.replace(cfg, deepstack_visual_indexes=()), None, COMPILER_OPTIONS)
     # the memory-bound passes (LayerNorms, rotary, residuals): cuDNN's LayerNorm, XLA's block-level (Triton) fusions
-    variants["cudnn_layer_norm"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_enable_cudnn_layer_norm": True})
+    variants["cudnn_layer_norm"] = (cfg, "xla_ln", {**COMPILER_OPTIONS, "xla_gpu_enable_cudnn_layer_norm": True})
     variants["triton_block_level"] = (
         cfg,
         None,
@@ -181,8 +182,6 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
 def op_times(exe, args, calls: int = 3) -> list[tuple[str, str, float]]:
     """(device line, op, ms per call) of `calls` runs of `exe` under JAX's profiler, largest first. XLA's device
     lines name each op (fusions, custom calls, GEMMs) as in the optimized HLO."""
-    import tempfile
-
     jax.block_until_ready(exe(*args))
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):

@@ -102,24 +102,23 @@ class MLP(nnx.Module):
         self.linear_fc1 = _linear(cfg.hidden_size, cfg.intermediate_size, dtype, rngs)
         self.linear_fc2 = _linear(cfg.intermediate_size, cfg.hidden_size, dtype, rngs)
 
-    def _widened(self) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """fc1's kernel and bias and fc2's kernel, the hidden width zero-padded to `GEMM_WIDTH_MULTIPLE`: zero
-        columns of fc1 give GELU(0) = 0, which meets zero rows of fc2, so the result is unchanged."""
-        w1, b1, w2 = self.linear_fc1.kernel[...], self.linear_fc1.bias[...], self.linear_fc2.kernel[...]
-        pad = -w1.shape[1] % GEMM_WIDTH_MULTIPLE
-        if pad:
-            w1, b1, w2 = jnp.pad(w1, ((0, 0), (0, pad))), jnp.pad(b1, (0, pad)), jnp.pad(w2, ((0, pad), (0, 0)))
-        return w1, b1, w2
+    def _pad(self) -> int:
+        """Zero columns added to fc1 and zero rows to fc2 to reach `GEMM_WIDTH_MULTIPLE`: GELU(0) = 0 meets the
+        zero rows, so the result is unchanged."""
+        return -self.linear_fc1.kernel.shape[1] % GEMM_WIDTH_MULTIPLE
 
     def up(self, x: jax.Array) -> jax.Array:
         """GELU(fc1(x)) at the padded width. tanh-GELU on fc1's output dtype: on GPUs XLA makes it the GEMM's
         cuBLASLt epilogue, evaluated in fp32 on the accumulator before the one rounding (bench/NOTES.md: -3.6%
         tower time); in fp32 it is exact."""
-        w1, b1, _ = self._widened()
+        pad = self._pad()
+        w1 = jnp.pad(self.linear_fc1.kernel[...], ((0, 0), (0, pad)))
+        b1 = jnp.pad(self.linear_fc1.bias[...], (0, pad))
         return jax.nn.gelu(_dense(self.linear_fc1, x, w1, b1), approximate=True)
 
     def down(self, h: jax.Array) -> jax.Array:
-        return _dense(self.linear_fc2, h, self._widened()[2], self.linear_fc2.bias[...])
+        w2 = jnp.pad(self.linear_fc2.kernel[...], ((0, self._pad()), (0, 0)))
+        return _dense(self.linear_fc2, h, w2, self.linear_fc2.bias[...])
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(self.up(x))
