@@ -3,11 +3,12 @@
 Part times of one 8B block at the 20x960x1280 shape (each part compiled alone with the bucket executables'
 XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
 the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
-without deepstack taps (the cost of writing the tap carry); the previous paths (the MLP's hidden width not
-padded, one qkv GEMM, XLA's two-pass LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions. With
-$HLO_DIR set, the shipped scan's optimized HLO is written there. With --profile, each scan also runs under JAX's
-profiler and its device ops' times per call are reported (`scan_op` rows, largest first). One JSON object
-per line.
+without deepstack taps (the cost of writing the tap carry); one scan per run of blocks between taps; the
+previous paths (the MLP's hidden width not padded, one qkv GEMM, XLA's two-pass
+LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions; cuBLASLt's first heuristic
+choices. With $HLO_DIR set, each 20-photo scan variant's optimized HLO is written there. With --profile, each
+scan also runs under JAX's profiler and its device ops' times per call are reported (`scan_op` rows, largest
+first). One JSON object per line.
 
     PYTHONPATH=. python bench/bench_block.py [--profile]
 """
@@ -15,13 +16,10 @@ per line.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
-import gzip
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_attention import pipelined_ms, timed  # bench/ is on sys.path when run as a script
-from bench_vit import versions
+from bench_vit import GpuSampler, op_times, versions
 from flax import nnx
 
 import vitjax
@@ -120,6 +118,25 @@ def fused_qkv_call(self, x, cos, sin, segments, impl):
     return self.proj(attention.attention(q, k, qkv[:, 2], segments, impl).reshape(x.shape))
 
 
+def segmented_run_blocks(self, x, inputs, impl="reference"):
+    """Candidate: one scan per run of blocks between deepstack taps, the taps being the runs' last hidden states,
+    instead of one scan whose every block writes its output to a tap slot."""
+    cfg = self.cfg
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    graph, params = nnx.split(self.blocks)
+
+    def step(h, block_params):
+        return nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl), None
+
+    taps, start = [], 0
+    for end in [*(i + 1 for i in cfg.deepstack_visual_indexes), cfg.depth]:
+        if end > start:
+            x, _ = jax.lax.scan(step, x, jax.tree.map(lambda a, start=start, end=end: a[start:end], params))
+        taps.append(x)
+        start = end
+    return x, jnp.stack(taps)
+
+
 def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None, profile=False) -> None:
     """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these);
     `profile`: each one's device ops too."""
@@ -138,14 +155,19 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["mlp_unpadded"] = (cfg, "unpadded", COMPILER_OPTIONS)
     variants["fused_qkv"] = (cfg, fused_qkv_call, COMPILER_OPTIONS)
     variants["xla_layer_norm"] = (cfg, "xla_ln", COMPILER_OPTIONS)
+    variants["segmented_taps"] = (cfg, "segmented", COMPILER_OPTIONS)
+    # cuBLASLt's first heuristic choice for every GEMM instead of the one XLA's autotuner timed fastest
+    variants["autotune_level_0"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_autotune_level": 0})
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
+    run_blocks = model.VisionTower.run_blocks
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
             continue
         model.Attention.__call__ = patch if callable(patch) else original
         model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
         model._LayerNorm.__call__ = model._LayerNorm.xla if patch == "xla_ln" else norm
+        model.VisionTower.run_blocks = segmented_run_blocks if patch == "segmented" else run_blocks
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
@@ -155,12 +177,13 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             start = time.perf_counter()
             exe = fn.lower(state, x, inputs).compile(compiler_options=options or None)
             compile_s = time.perf_counter() - start
-            t = timed(exe, state, x, inputs)
+            with GpuSampler() as gpu:
+                t = timed(exe, state, x, inputs)
             hlo = exe.as_text()
-            if hlo_dir and name == "shipped":
-                (hlo_dir / f"scan_{shape_name}.hlo.txt").write_text(hlo)
+            if hlo_dir and shape_name == "20x960x1280":
+                (hlo_dir / f"scan_{shape_name}_{name}.hlo.txt").write_text(hlo)
             if profile:
-                for line, op, ms in op_times(exe, (state, x, inputs))[:40]:
+                for line, op, ms in op_times(lambda exe=exe, state=state, x=x: exe(state, x, inputs))[:40]:
                     emit(bench="scan_op", shape=shape_name, variant=name, line=line, op=op, ms=ms)
             epilogues = sorted(set(re.findall(r'"epilogue":"(\w+)"', hlo)))
             gemms = {k: hlo.count(k) for k in ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")}
@@ -170,6 +193,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
                 variant=name,
                 ms=t * 1e3,
                 compile_s=compile_s,
+                **gpu.stats,
                 epilogues=epilogues,
                 gemms=gemms,
             )
@@ -177,28 +201,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
         finally:
             model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__ = original, width, norm
-
-
-def op_times(exe, args, calls: int = 3) -> list[tuple[str, str, float]]:
-    """(device line, op, ms per call) of `calls` runs of `exe` under JAX's profiler, largest first. XLA's device
-    lines name each op (fusions, custom calls, GEMMs) as in the optimized HLO."""
-    jax.block_until_ready(exe(*args))
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder, create_perfetto_trace=True):
-            for _ in range(calls):
-                jax.block_until_ready(exe(*args))
-        trace = json.loads(gzip.decompress(next(Path(folder).rglob("perfetto_trace.json.gz")).read_bytes()))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    names = {}  # (pid, tid or None) -> name
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
-            names[(e["pid"], e.get("tid") if e["name"] == "thread_name" else None)] = e["args"]["name"]
-    total: dict[tuple[str, str], float] = collections.defaultdict(float)
-    for e in events:
-        process = names.get((e.get("pid"), None), "")
-        if e.get("ph") == "X" and ("GPU" in process or "gpu" in process):
-            total[(names.get((e["pid"], e.get("tid")), "?"), e["name"])] += e.get("dur", 0) / 1e3 / calls
-    return sorted(((line, op, ms) for (line, op), ms in total.items()), key=lambda r: -r[2])
+            model.VisionTower.run_blocks = run_blocks
 
 
 def random_state(abstract):

@@ -4,7 +4,9 @@ Each of the 8B tower's matmul shapes (qkv, proj, fc1 with its GELU, fc2, the mer
 row count (98,304) and at one 720p frame (3,584), bias included; plus the MLP width padded from 4,304
 to 4,352 (a multiple of 256; zero columns in fc1 and zero rows in fc2 leave the block's output unchanged);
 XLA with the weight stored [in, out] (Flax's layout) and [out, in] (HF's and PyTorch's).
-The gap between the two columns is what better GEMMs could still buy. One JSON object per line.
+The gap between the two columns is what better GEMMs could still buy. Then proj and fc2 with the block's residual
+add (cuBLASLt's beta = 1), 27 in a loop as in the tower, with the addend donated (XLA may write the product into
+it) or not, and the cuBLASLt kernel each ran (`residual` rows). One JSON object per line.
 
     PYTHONPATH=. python bench/bench_gemm.py
 """
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from bench_attention import pipelined_ms  # bench/ is on sys.path when run as a script
-from bench_vit import versions
+from bench_vit import op_times, versions
 
 from vitjax.buckets import COMPILER_OPTIONS
 
@@ -101,6 +103,38 @@ def main() -> None:
                         ms=t,
                         tflops=flop / t / 1e9,
                     )
+    residual_gemms()
+
+
+def residual_gemms(rows: int = 98304, blocks: int = 27) -> None:
+    """x + (h @ w + b) for proj and fc2, `blocks` times in a loop: does writing in place (the addend donated, so
+    the output may take its buffer) change cuBLASLt's kernel or its time?"""
+    for name, k in (("proj", D), ("fc2@4352", 4352)):
+        h = jax.random.normal(jax.random.key(0), (rows, k), jnp.bfloat16)
+        w = (jax.random.normal(jax.random.key(1), (k, D)) * 0.02).astype(jnp.bfloat16)
+        b = jnp.full((D,), 0.1, jnp.bfloat16)
+
+        def f(h, w, b, x):
+            return jax.lax.fori_loop(0, blocks, lambda i, x: x + (h @ w + b), x)
+
+        for donate in (False, True):
+            exe = jax.jit(f, donate_argnums=(3,) if donate else ())
+            exe = exe.lower(h, w, b, h[:, :D]).compile(compiler_options=COMPILER_OPTIONS)
+
+            def call(exe=exe, h=h, w=w, b=b):  # a fresh addend each call: a donated one is consumed
+                return exe(h, w, b, jax.random.normal(jax.random.key(2), (rows, D), jnp.bfloat16))
+
+            _, kernel, ms = op_times(call)[0]
+            emit(
+                bench="residual",
+                shape=name,
+                rows=rows,
+                donated=donate,
+                aliased="output_to_operand_aliasing" in exe.as_text(),
+                kernel=kernel,
+                ms=ms / blocks,
+                tflops=2 * rows * k * D / (ms / blocks) / 1e9,
+            )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ its tower forward alone (inputs already on the GPU, `torch.cuda.synchronize` aro
 full `encode_patches` call (host layout, host-to-device copy, tower, device-to-host copy and split),
 and also on the device-only tower call (`Engine.run` on device-resident pixels) for a like-for-like
 number. Also measured: per-part times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket
-(empty persistent cache) and warm start (a second process reading that cache).
+(empty persistent cache) and warm start (a second process reading that cache); with --profile, the device
+time of every op of the device-only call; with $HLO_DIR set, each bucket's optimized program is written there.
 
     PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
 
@@ -17,7 +18,9 @@ Results: one JSON object per line; the last lines printed are a short table.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import gzip
 import json
 import os
 import subprocess
@@ -80,6 +83,58 @@ def median_time(fn, reps: int) -> tuple[float, list[float]]:
         fn()
         times.append(time.perf_counter() - start)
     return float(np.median(times)), times
+
+
+def op_times(call, calls: int = 3) -> list[tuple[str, str, float]]:
+    """(device line, op, ms per call) of `calls` runs of `call` (which waits for its results) under JAX's
+    profiler, largest first. XLA's device lines name each op (fusions, custom calls, GEMMs) as in the optimized
+    HLO."""
+    jax.block_until_ready(call())
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            for _ in range(calls):
+                jax.block_until_ready(call())
+        trace = json.loads(gzip.decompress(next(Path(folder).rglob("perfetto_trace.json.gz")).read_bytes()))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {}  # (pid, tid or None) -> name
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            names[(e["pid"], e.get("tid") if e["name"] == "thread_name" else None)] = e["args"]["name"]
+    total: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for e in events:
+        process = names.get((e.get("pid"), None), "")
+        if e.get("ph") == "X" and ("GPU" in process or "gpu" in process):
+            total[(names.get((e["pid"], e.get("tid")), "?"), e["name"])] += e.get("dur", 0) / 1e3 / calls
+    return sorted(((line, op, ms) for (line, op), ms in total.items()), key=lambda r: -r[2])
+
+
+class GpuSampler:
+    """The first GPU's SM clock and board power, sampled by nvidia-smi every 100 ms while a workload runs: an H200
+    holds its 700 W limit by lowering the clock, so the same program runs slower on a hotter or busier board, and
+    these medians say which (empty where nvidia-smi is missing)."""
+
+    def __enter__(self) -> GpuSampler:
+        self.stats: dict[str, float] = {}
+        query = ["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"]
+        try:
+            self._proc = subprocess.Popen([*query, "-lms", "100"], stdout=subprocess.PIPE, text=True)
+        except OSError:
+            self._proc = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        values = []
+        for line in self._proc.communicate()[0].splitlines():
+            try:
+                values.append([float(v) for v in line.split(",")])
+            except ValueError:  # "[N/A]" on boards that do not report one of them
+                continue
+        if values:
+            clock, power = np.median(np.array(values), axis=0)
+            self.stats = {"sm_mhz_median": float(clock), "power_w_median": float(power)}
 
 
 def reps_for(tokens: int) -> int:
@@ -212,9 +267,11 @@ def run_vitjax(
     devices: int = 1,
     sequence_parallel: int = 1,
     attention: str | None = None,
+    profile: bool = False,
 ) -> dict:
     """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
-    `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements."""
+    `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements.
+    `profile`: the device-only call's device ops too (`tower_op` rows, largest first)."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
     impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
@@ -237,6 +294,9 @@ def run_vitjax(
                 start = time.perf_counter()
                 exe = engine.executable(bucket, np.float32, engine._max_length(bucket, longest))
                 compiled[bucket] = time.perf_counter() - start
+                if os.environ.get("HLO_DIR"):  # the optimized program, to read which kernels XLA chose
+                    name_parts = [label.replace(":", "_"), *map(str, bucket)]
+                    (Path(os.environ["HLO_DIR"]) / f"tower_{'_'.join(name_parts)}.hlo.txt").write_text(exe.as_text())
                 mem = exe.memory_analysis()
                 emit(
                     {
@@ -273,12 +333,19 @@ def run_vitjax(
             def device_only(on_device=on_device, grids=grids):
                 jax.block_until_ready([c.output for c in engine.run(on_device, grids)])
 
-            t_dev, _ = median_time(device_only, reps_for(tokens))
+            with GpuSampler() as gpu:
+                t_dev, _ = median_time(device_only, reps_for(tokens))
+            if profile and name in {m[0] for m in MAIN}:
+                ops = op_times(device_only)
+                row["device_busy_ms"] = sum(ms for _, _, ms in ops)
+                for line, op, ms in ops[:40]:
+                    emit({"bench": "tower_op", "attention": label, "workload": name, "line": line, "op": op, "ms": ms})
             del on_device
             row.update(
                 buckets=[list(b) for b, _ in plan],
                 ms_device_only=t_dev * 1e3,
                 tflops_device_only=(gemm + attn) / t_dev / 1e12,
+                **{f"device_only_{k}": v for k, v in gpu.stats.items()},
             )
             if parts and len(plan) == 1 and name in {m[0] for m in MAIN}:
                 row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
@@ -385,6 +452,7 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="device time per op of each device-only tower call")
     ap.add_argument("--smoke", action="store_true", help="tiny config and images: check the script on a CPU")
     ap.add_argument(
         "--devices", default="1", help="vitjax runs: device counts, 'spN' for N devices in one Ulysses group: 1,2,sp2"
@@ -432,7 +500,9 @@ def main() -> None:
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
         for impl in args.attention.split(",") if args.attention else [None]:
             parts = not args.no_parts
-            infos[spec] = run_vitjax(cfg, weights, items, pool, emit, parts, policy, **parallel, attention=impl)
+            infos[spec] = run_vitjax(
+                cfg, weights, items, pool, emit, parts, policy, **parallel, attention=impl, profile=args.profile
+            )
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
     print(table(rows), flush=True)

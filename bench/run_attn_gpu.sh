@@ -12,7 +12,8 @@
 # each unzipped into one folder, less what nothing imports (tvm_ffi/3rdparty, the iket profiler, the aarch64
 # runtime stubs; libtvm_ffi_testing.so travels beside the archive), packed with `tar cf - . | xz --x86 --lzma2=preset=9e,dict=256MiB`
 # (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), TILES
-# (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants), PROFILE_TILES (schedules ncu reads).
+# (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants), BLOCK_FLAGS and VIT_FLAGS (more flags
+# for bench_block, bench_vit), PROFILE_TILES (schedules ncu reads).
 set -u -o pipefail
 OUT=${OUT:-/tmp/vitjax-gpu}
 SITE=${FA4_SITE:-/tmp/fa4site}
@@ -67,9 +68,9 @@ for step in $STEPS; do
     smoke) export SMOKE && run smoke 240 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm \
         --format=csv && python3 -c "$SMOKE"' || exit 1 ;;
     tiles) run tiles 420 python3 bench/bench_fa4_tiles.py --out "$OUT/results" ${TILES:+--variants "$TILES"} ;;
-    block) run block 240 env HLO_DIR="$OUT" python3 bench/bench_block.py --no-parts \
-        --variants "${BLOCK_VARIANTS:-shipped,cudnn_layer_norm,triton_block_level,shipped_again}"
-        rm -f "$OUT/scan_1x720p.hlo.txt" ;;  # the device tool brings back at most 8 files
+    block) mkdir -p "$OUT/hlo" && run block 420 env HLO_DIR="$OUT/hlo" python3 bench/bench_block.py --no-parts \
+        --variants "${BLOCK_VARIANTS:-shipped,cudnn_layer_norm,triton_block_level,shipped_again}" ${BLOCK_FLAGS:-}
+        tar czf "$OUT/hlo.tar.gz" -C "$OUT" hlo && rm -r "$OUT/hlo" ;;  # the device tool brings back few files
     profile)
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         for tile in ${PROFILE_TILES:-192x144ss}; do
@@ -80,7 +81,7 @@ for step in $STEPS; do
     attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" ;;
     parity) run parity 300 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
     vit) run vit 420 python3 bench/bench_vit.py --out "$OUT/results" --no-parts --no-warm-start \
-        --attention "${VIT_ATTENTION:-cudnn_packed,fa4}" ;;
+        --attention "${VIT_ATTENTION:-cudnn_packed,fa4}" ${VIT_FLAGS:-} ;;
     *) echo "unknown step $step" ;;
     esac
 done
