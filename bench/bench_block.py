@@ -4,8 +4,8 @@ Part times of one 8B block at the 20x960x1280 shape (each part compiled alone wi
 XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
 the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
 without deepstack taps (the cost of writing the tap carry); one scan per run of blocks between taps; the
-previous paths (the residual read by the LayerNorm as well, the MLP's hidden width not padded, one qkv GEMM,
-XLA's two-pass LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions; cuBLASLt's first heuristic
+previous paths (the MLP's hidden width not padded, one qkv GEMM, XLA's two-pass
+LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions; cuBLASLt's first heuristic
 choices. With $HLO_DIR set, each 20-photo scan variant's optimized HLO is written there. With --profile, each
 scan also runs under JAX's profiler and its device ops' times per call are reported (`scan_op` rows, largest
 first). One JSON object per line.
@@ -118,12 +118,6 @@ def fused_qkv_call(self, x, cos, sin, segments, impl):
     return self.proj(attention.attention(q, k, qkv[:, 2], segments, impl).reshape(x.shape))
 
 
-def two_user_residual_call(self, x, cos, sin, segments, impl):
-    """The previous path: x read by the LayerNorm and by the residual add, so its GEMM writes a new buffer."""
-    x = x + self.attn(self.norm1(x), cos, sin, segments, impl)
-    return x + self.mlp(self.norm2(x))
-
-
 def segmented_run_blocks(self, x, inputs, impl="reference"):
     """Candidate: one scan per run of blocks between deepstack taps, the taps being the runs' last hidden states,
     instead of one scan whose every block writes its output to a tap slot."""
@@ -162,12 +156,11 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["fused_qkv"] = (cfg, fused_qkv_call, COMPILER_OPTIONS)
     variants["xla_layer_norm"] = (cfg, "xla_ln", COMPILER_OPTIONS)
     variants["segmented_taps"] = (cfg, "segmented", COMPILER_OPTIONS)
-    variants["residual_two_users"] = (cfg, "two_users", COMPILER_OPTIONS)
     # cuBLASLt's first heuristic choice for every GEMM instead of the one XLA's autotuner timed fastest
     variants["autotune_level_0"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_autotune_level": 0})
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
-    run_blocks, block_call = model.VisionTower.run_blocks, model.Block.__call__
+    run_blocks = model.VisionTower.run_blocks
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
             continue
@@ -175,7 +168,6 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
         model._LayerNorm.__call__ = model._LayerNorm.xla if patch == "xla_ln" else norm
         model.VisionTower.run_blocks = segmented_run_blocks if patch == "segmented" else run_blocks
-        model.Block.__call__ = two_user_residual_call if patch == "two_users" else block_call
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
@@ -209,7 +201,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
         finally:
             model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__ = original, width, norm
-            model.VisionTower.run_blocks, model.Block.__call__ = run_blocks, block_call
+            model.VisionTower.run_blocks = run_blocks
 
 
 def random_state(abstract):

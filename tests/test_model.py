@@ -119,8 +119,8 @@ def test_mlp_matches_hf_at_the_padded_width(loaded):
 
 @pytest.mark.parametrize("width, dtype", [(1152, jnp.bfloat16), (4608, jnp.bfloat16), (144, jnp.float32)])
 def test_one_pass_layer_norm_matches_xla(width, dtype):
-    """The GPU LayerNorm's kernel (run by Pallas' interpreter) against XLA's, at the towers' widths, alone and
-    handing x back for the residual add; on a CPU the model takes XLA's, bit for bit."""
+    """The GPU LayerNorm's kernel (run by Pallas' interpreter) against XLA's, at the towers' widths; on a CPU
+    the model takes XLA's, bit for bit."""
     assert sum(k for _, k in pieces(width)) == width and all(k & (k - 1) == 0 for _, k in pieces(width))
     norm = _LayerNorm(width, dtype, nnx.Rngs(0))
     norm.scale[...] = jax.random.normal(jax.random.key(1), (width,)).astype(dtype)
@@ -130,13 +130,6 @@ def test_one_pass_layer_norm_matches_xla(width, dtype):
     got = np.asarray(one_pass(x, norm.scale[...], norm.bias[...], norm.epsilon, interpret=True), np.float32)
     assert_close_to_scale(got, ref, rel=2**-8 if dtype == jnp.bfloat16 else 1e-6)
     np.testing.assert_array_equal(np.asarray(jax.jit(norm)(x)), np.asarray(jax.jit(norm.xla)(x)))
-    # with the residual: the same LayerNorm, and x back unchanged from the buffer it shares with the input
-    y, same = one_pass(x, norm.scale[...], norm.bias[...], norm.epsilon, interpret=True, residual=True)
-    np.testing.assert_array_equal(np.asarray(y, np.float32), got)
-    np.testing.assert_array_equal(np.asarray(same), np.asarray(x))
-    y, same = jax.jit(norm.with_residual)(x)
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(jax.jit(norm.xla)(x)))
-    np.testing.assert_array_equal(np.asarray(same), np.asarray(x))
 
 
 @pytest.mark.parametrize("index", [0, -1])

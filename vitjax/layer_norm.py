@@ -4,11 +4,6 @@ XLA computes a LayerNorm in two passes over x (the moments, then a normalize tha
 20-photo call on an H200, where one pass that keeps a block of rows in registers between its statistics and its
 output takes ~8 (bench/NOTES.md). Triton loads must be powers of two in size, so a row is read in power-of-two
 column pieces (1152 = 1024 + 128).
-
-A block's LayerNorm input is also its residual: read by the LayerNorm and added to a GEMM's product. With two
-users XLA may not let cuBLASLt write that product onto it, and the GEMM then writes a new buffer (a slower
-kernel: bench/NOTES.md). `with_residual` hands x back as a second output of the kernel that shares its buffer,
-so the residual add is x's only user and runs in place.
 """
 
 from __future__ import annotations
@@ -50,31 +45,24 @@ def _kernel(x_ref, w_ref, b_ref, o_ref, *, eps: float, n: int):
         o_ref[:, pl.ds(s, k)] = ((x - mean[:, None]) * inv[:, None] * w + b).astype(o_ref.dtype)
 
 
-def one_pass(
-    x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float, interpret: bool = False, residual: bool = False
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+def one_pass(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float, interpret: bool = False) -> jax.Array:
     """`[T, D]` -> LayerNorm over D, fp32 statistics, the result in x's dtype; T a multiple of
-    `rows_per_program(D)`. `residual`: also x itself, as an output that shares x's buffer (nothing is written
-    to it). `interpret` runs the kernel's logic anywhere (tests on a CPU)."""
+    `rows_per_program(D)`. `interpret` runs the kernel's logic anywhere (tests on a CPU)."""
     t, n = x.shape
     rows = rows_per_program(n)
-    normed = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    block = pl.BlockSpec((rows, n), lambda i: (i, 0))
-    kernel = functools.partial(_kernel, eps=eps, n=n)
     return pl.pallas_call(
-        (lambda x_ref, w_ref, b_ref, o_ref, _: kernel(x_ref, w_ref, b_ref, o_ref)) if residual else kernel,
-        out_shape=(normed, normed) if residual else normed,
+        functools.partial(_kernel, eps=eps, n=n),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         grid=(t // rows,),
-        in_specs=[block, pl.BlockSpec((n,), lambda i: (0,)), pl.BlockSpec((n,), lambda i: (0,))],
-        out_specs=(block, pl.BlockSpec(memory_space=pl.ANY)) if residual else block,
-        input_output_aliases={0: 1} if residual else {},
+        in_specs=[
+            pl.BlockSpec((rows, n), lambda i: (i, 0)),
+            pl.BlockSpec((n,), lambda i: (0,)),
+            pl.BlockSpec((n,), lambda i: (0,)),
+        ],
+        out_specs=pl.BlockSpec((rows, n), lambda i: (i, 0)),
         interpret=interpret,
         name="layer_norm_one_pass",
     )(x, scale, bias)
-
-
-def _fits(x: jax.Array) -> bool:
-    return x.ndim == 2 and x.shape[0] % rows_per_program(x.shape[1]) == 0
 
 
 def layer_norm(
@@ -82,17 +70,6 @@ def layer_norm(
 ) -> jax.Array:
     """`one_pass` where the program is compiled for a CUDA GPU and x is `[T, D]` in whole programs, else
     `xla(x)`: chosen when the program is lowered, so one traced function serves every platform."""
-    if not _fits(x):
+    if x.ndim != 2 or x.shape[0] % rows_per_program(x.shape[1]):
         return xla(x)
     return jax.lax.platform_dependent(x, cuda=lambda x: one_pass(x, scale, bias, eps), default=xla)
-
-
-def with_residual(
-    x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float, xla: Callable[[jax.Array], jax.Array]
-) -> tuple[jax.Array, jax.Array]:
-    """(`layer_norm(x)`, x), x from the kernel's shared buffer on CUDA GPUs (module docstring)."""
-    if not _fits(x):
-        return xla(x), x
-    return jax.lax.platform_dependent(
-        x, cuda=lambda x: one_pass(x, scale, bias, eps, residual=True), default=lambda x: (xla(x), x)
-    )

@@ -16,7 +16,7 @@ from flax import nnx
 
 from vitjax.attention import Segments, attention
 from vitjax.config import VisionConfig
-from vitjax.layer_norm import layer_norm, with_residual
+from vitjax.layer_norm import layer_norm
 
 F32 = jnp.float32
 
@@ -63,11 +63,6 @@ class _LayerNorm(nnx.LayerNorm):
     def xla(self, x: jax.Array) -> jax.Array:
         """XLA's LayerNorm (two passes over x)."""
         return super().__call__(x).astype(x.dtype)
-
-    def with_residual(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """(the LayerNorm of x, x) for a pre-norm block, whose residual add may then overwrite x
-        (`vitjax.layer_norm.with_residual`)."""
-        return with_residual(x, self.scale[...], self.bias[...], self.epsilon, self.xla)
 
 
 class PatchEmbed(nnx.Module):
@@ -139,10 +134,8 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, dtype, rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
-        y, x = self.norm1.with_residual(x)
-        x = x + self.attn(y, cos, sin, segments, impl)
-        y, x = self.norm2.with_residual(x)
-        return x + self.mlp(y)
+        x = x + self.attn(self.norm1(x), cos, sin, segments, impl)
+        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nnx.Module):
