@@ -5,8 +5,8 @@ row count (98,304) and at one 720p frame (3,584), bias included; plus the MLP wi
 to 4,352 (a multiple of 256; zero columns in fc1 and zero rows in fc2 leave the block's output unchanged);
 XLA with the weight stored [in, out] (Flax's layout) and [out, in] (HF's and PyTorch's).
 The gap between the two columns is what better GEMMs could still buy. Then proj and fc2 with the block's residual
-add (cuBLASLt's beta = 1), 27 in a loop as in the tower, with the addend donated (XLA may write the product into
-it) or not, and the cuBLASLt kernel each ran (`residual` rows). One JSON object per line.
+add (cuBLASLt's beta = 1), 27 in a loop as in the tower, with the residual read by the add alone or by a
+second op too, and the cuBLASLt kernel each ran (`residual` rows). One JSON object per line.
 
     PYTHONPATH=. python bench/bench_gemm.py
 """
@@ -107,29 +107,30 @@ def main() -> None:
 
 
 def residual_gemms(rows: int = 98304, blocks: int = 27) -> None:
-    """x + (h @ w + b) for proj and fc2, `blocks` times in a loop: does writing in place (the addend donated, so
-    the output may take its buffer) change cuBLASLt's kernel or its time?"""
+    """x + (h @ w + b) for proj and fc2, `blocks` times in a loop, with the addend x read by the add alone (XLA
+    lets cuBLASLt write the result onto it) or by a second op too, as a block's LayerNorm reads its residual (the
+    result then goes to a new buffer): the kernel cuBLASLt ran and its time in each case."""
     for name, k in (("proj", D), ("fc2@4352", 4352)):
         h = jax.random.normal(jax.random.key(0), (rows, k), jnp.bfloat16)
         w = (jax.random.normal(jax.random.key(1), (k, D)) * 0.02).astype(jnp.bfloat16)
         b = jnp.full((D,), 0.1, jnp.bfloat16)
+        x = jax.random.normal(jax.random.key(2), (rows, D), jnp.bfloat16)
+        for users in (1, 2):
 
-        def f(h, w, b, x):
-            return jax.lax.fori_loop(0, blocks, lambda i, x: x + (h @ w + b), x)
+            def f(h, w, b, x, users=users):
+                def step(i, carry):
+                    x, seen = carry  # seen: a row of each addend, its second reader when users == 2
+                    return x + (h @ w + b), seen + x[0] if users == 2 else seen
 
-        for donate in (False, True):
-            exe = jax.jit(f, donate_argnums=(3,) if donate else ())
-            exe = exe.lower(h, w, b, h[:, :D]).compile(compiler_options=COMPILER_OPTIONS)
+                return jax.lax.fori_loop(0, blocks, step, (x, jnp.zeros((D,), x.dtype)))
 
-            def call(exe=exe, h=h, w=w, b=b):  # a fresh addend each call: a donated one is consumed
-                return exe(h, w, b, jax.random.normal(jax.random.key(2), (rows, D), jnp.bfloat16))
-
-            _, kernel, ms = op_times(call)[0]
+            exe = jax.jit(f).lower(h, w, b, x).compile(compiler_options=COMPILER_OPTIONS)
+            _, kernel, ms = op_times(lambda exe=exe, h=h, w=w, b=b, x=x: exe(h, w, b, x))[0]
             emit(
                 bench="residual",
                 shape=name,
                 rows=rows,
-                donated=donate,
+                addend_users=users,
                 aliased="output_to_operand_aliasing" in exe.as_text(),
                 kernel=kernel,
                 ms=ms / blocks,
