@@ -2,7 +2,7 @@
 # fa4 (FlashAttention-4's Hopper kernel through fa4-jax) on one H100/H200, in as few device calls as the lease
 # allows. Run from the project root on the GPU machine:
 #   OUT=/tmp/out bash bench/run_attn_gpu.sh [STEP...]
-# steps: unpack smoke tiles block profile attention parity vit (default: unpack smoke attention parity vit)
+# steps: unpack smoke tiles block profile widths attention parity vit (default: unpack smoke attention parity vit)
 # The GPU machine has no internet: the packages travel as one archive, .fa4/site.tar.xz (the device tool's carry),
 # made here from the wheels of
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
@@ -13,7 +13,8 @@
 # runtime stubs; libtvm_ffi_testing.so travels beside the archive), packed with `tar cf - . | xz --x86 --lzma2=preset=9e,dict=256MiB`
 # (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), TILES
 # (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants), BLOCK_FLAGS and VIT_FLAGS (more flags
-# for bench_block, bench_vit), PROFILE_TILES (schedules ncu reads).
+# for bench_block, bench_vit), PROFILE_TILES (schedules ncu reads), PAIRS (bench_fa4_widths'
+# --pairs).
 set -u -o pipefail
 OUT=${OUT:-/tmp/vitjax-gpu}
 SITE=${FA4_SITE:-/tmp/fa4site}
@@ -74,10 +75,11 @@ for step in $STEPS; do
     profile)
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         for tile in ${PROFILE_TILES:-192x144ss}; do
-            run "profile-$tile" 120 "$NCU" --clock-control none --kernel-name regex:FlashAttentionForwardSm90 \
+            run "profile-${tile//:/-}" 120 "$NCU" --clock-control none --kernel-name regex:kernel_cutlass_kernel \
                 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-                --section InstructionStats --section Occupancy python3 -c "$PROFILE" "$tile"
+                --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis_Tables python3 -c "$PROFILE" "$tile"
         done ;;
+    widths) run widths 240 python3 bench/bench_fa4_widths.py --out "$OUT/results" ${PAIRS:+--pairs "$PAIRS"} ;;
     attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" ;;
     parity) run parity 300 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
     vit) run vit 420 python3 bench/bench_vit.py --out "$OUT/results" --no-parts --no-warm-start \
