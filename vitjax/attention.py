@@ -42,29 +42,23 @@ FA4_VERIFIED = ("0.1.0",)
 class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
-    memory ('ss'), `stages` K/V buffers, and `exact_pv`: the PV GEMM as wide as head_dim itself (72) rather than
-    rounded up to 16 (80; see `_exact_pv_forward`). Written like "192x144ss", "128x176rs3" (stages when not 2) or
-    "192x144ss:exact"."""
+    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
 
     m: int
     n: int
     p_in_registers: bool
     stages: int = 2
-    exact_pv: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:exact)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
         if found is None:
-            raise ValueError(
-                f"fa4 tile {text!r}: expected MxN, rs or ss, optional stages and ':exact', e.g. 192x144ss:exact"
-            )
-        m, n, mode, stages, exact = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), exact is not None)
+            raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
+        m, n, mode, stages = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2))
 
     def __str__(self) -> str:
-        stages = self.stages if self.stages != 2 else ""
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{':exact' if self.exact_pv else ''}"
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
 
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). Empty: at
@@ -288,8 +282,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    kind = _exact_pv_forward() if tile.exact_pv and head_dim % 16 else FlashAttentionForwardSm90
-    return kind(
+    return FlashAttentionForwardSm90(
         dtype,
         head_dim,
         head_dim,
@@ -307,29 +300,6 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
         mask_mod=None,
         has_aux_tensors=aux,
     )
-
-
-@functools.cache
-def _exact_pv_forward() -> type:
-    """fa4's Hopper forward with the PV GEMM at head_dim_v itself (a multiple of 8: wgmma's N step) rather than
-    rounded up to 16, so head_dim 72 spends 72 columns of MMA work on P·V, not 80 (its Q·Kᵀ still contracts
-    over 80: wgmma's K step is 16). V's and O's shared-memory tiles take the unswizzled layout that 72 columns
-    allow, and TMA still moves them. Reaches into fa4-jax's kernel class (`tile_hdimv`, `_setup_attributes`):
-    checked on `FA4_VERIFIED`."""
-    from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
-
-    class ExactPvForward(FlashAttentionForwardSm90):
-        def __init__(self, dtype, head_dim: int, head_dim_v: int, *args, **kwargs):
-            super().__init__(dtype, head_dim, head_dim_v, *args, **kwargs)
-            self.tile_hdimv, self.check_hdim_v_oob = head_dim_v, False
-
-        def _setup_attributes(self) -> None:
-            # Builds only the cp.async copy layouts that the TMA path leaves unused, at a width they must divide.
-            exact, self.tile_hdimv = self.tile_hdimv, -(-self.tile_hdimv // 16) * 16
-            super()._setup_attributes()
-            self.tile_hdimv = exact
-
-    return ExactPvForward
 
 
 def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, implementation: str) -> jax.Array:
