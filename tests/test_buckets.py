@@ -223,8 +223,6 @@ def test_fa4_needs_its_package():
         ("192x144ss", attention.Fa4Tile(192, 144, False, 2)),
         ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
         ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
-        ("192x144ss:nooverlap:nobarrier", attention.Fa4Tile(192, 144, False, 2, False, False)),
-        ("192x144ss:early", attention.Fa4Tile(192, 144, False, 2, rescale_early=True)),
     ],
 )
 def test_fa4_tile_names(text, tile):

@@ -48,25 +48,17 @@ class Fa4Tile:
     n: int
     p_in_registers: bool
     stages: int = 2
-    overlap: bool = True
-    barrier: bool = True
-    rescale_early: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:nooverlap)?(:nobarrier)?(:early)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
         if found is None:
             raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
-        m, n, mode, stages, no_overlap, no_barrier, early = found.groups()
-        return cls(
-            int(m), int(n), mode == "rs", int(stages or 2), no_overlap is None, no_barrier is None, early is not None
-        )
+        m, n, mode, stages = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2))
 
     def __str__(self) -> str:
-        stages = self.stages if self.stages != 2 else ""
-        flags = ("" if self.overlap else ":nooverlap") + ("" if self.barrier else ":nobarrier")
-        flags += ":early" if self.rescale_early else ""
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{flags}"
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
 
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). Empty: at
@@ -290,18 +282,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    kind = FlashAttentionForwardSm90
-    if not tile.barrier:
-
-        class kind(FlashAttentionForwardSm90):  # noqa: N801  the warpgroups issue their GEMMs in any order
-            use_scheduler_barrier = property(lambda self: False, lambda self, value: None)
-
-    if tile.rescale_early:
-
-        class kind(kind):  # noqa: N801  O rescaled while Q·Kᵀ runs (fa4 does it above head_dim 128)
-            rescale_O_before_gemm = property(lambda self: True, lambda self, value: None)
-
-    return kind(
+    return FlashAttentionForwardSm90(
         dtype,
         head_dim,
         head_dim,
@@ -314,7 +295,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
         num_stages=tile.stages,
         num_threads=threads,
         Q_in_regs=False,
-        intra_wg_overlap=tile.overlap,
+        intra_wg_overlap=True,
         mma_pv_is_rs=tile.p_in_registers,
         mask_mod=None,
         has_aux_tensors=aux,
