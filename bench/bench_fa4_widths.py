@@ -17,23 +17,13 @@ import os
 import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_attention import CASES, HEADS, pipelined_ms, recorder, segments
+from bench_attention import CASES, HEADS, pipelined_ms, recorder, run_fn, segments
 
 from vitjax import attention  # noqa: E402
 
 TILE = "192x144ss"
-
-
-def kernel(seg: attention.Segments, tokens: int):
-    """fa4-jax's packed forward as vitjax calls it, at whatever widths q, k and v have."""
-    from fa4_jax import flash_attn_varlen
-
-    attention._route_fa4_schedules()  # FA4_TILES apply from here on
-    cu = attention.cu_seqlens(seg, tokens)
-    return jax.jit(lambda q, k, v: flash_attn_varlen(q, k, v, cu, cu, seqused_q=seg.lengths, seqused_k=seg.lengths))
 
 
 def main() -> None:
@@ -53,7 +43,7 @@ def main() -> None:
         (d, dv): tuple(jnp.asarray(rng.standard_normal((tokens, HEADS, w)), jnp.bfloat16) for w in (d, d, dv))
         for d, dv in pairs
     }
-    fn = kernel(seg, tokens)
+    fn = run_fn("fa4", seg)  # q, k and v at whatever widths they have
     times: dict[tuple[int, int], list[float]] = {p: [] for p in pairs}
     for _ in range(args.rounds):
         for p in pairs:

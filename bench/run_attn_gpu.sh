@@ -13,8 +13,7 @@
 # runtime stubs; libtvm_ffi_testing.so travels beside the archive), packed with `tar cf - . | xz --x86 --lzma2=preset=9e,dict=256MiB`
 # (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), TILES
 # (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants), BLOCK_FLAGS and VIT_FLAGS (more flags
-# for bench_block, bench_vit), PROFILE_TILES (schedules ncu reads), PAIRS (bench_fa4_widths'
-# --pairs).
+# for bench_block, bench_vit), PROFILE_TILES (schedules ncu reads), PAIRS (bench_fa4_widths' --pairs).
 set -u -o pipefail
 OUT=${OUT:-/tmp/vitjax-gpu}
 SITE=${FA4_SITE:-/tmp/fa4site}
@@ -77,7 +76,8 @@ for step in $STEPS; do
         for tile in ${PROFILE_TILES:-192x144ss}; do
             run "profile-${tile//:/-}" 120 "$NCU" --clock-control none --kernel-name regex:kernel_cutlass_kernel \
                 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-                --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis_Tables python3 -c "$PROFILE" "$tile"
+                --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis_Tables \
+                python3 -c "$PROFILE" "$tile"
         done ;;
     widths) run widths 240 python3 bench/bench_fa4_widths.py --out "$OUT/results" ${PAIRS:+--pairs "$PAIRS"} ;;
     attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" ;;
