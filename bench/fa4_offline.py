@@ -105,6 +105,8 @@ def read_sass(cubin: Path) -> dict:
         "spill_stores": len(re.findall(r"\bSTL\b", sass)),
         "spill_loads": len(re.findall(r"\bLDL\b", sass)),
         "wgmma": len(re.findall(r"\bHGMMA\.", sass)),
+        "mufu_ex2": len(re.findall(r"\bMUFU\.EX2\b", sass)),
+        "instructions": len(re.findall(r"/\*[0-9a-f]{4,}\*/", sass)),
     }
 
 
@@ -117,7 +119,9 @@ def main() -> None:
     if args.one:  # in its own process: the DSL reads its settings once, at import
         print(json.dumps(compile_schedule(args.schedules[0], args.head_dim)))
         return
-    print(f"{'schedule':<12}{'shared KiB':>11}{'highest reg':>12}{'spills st/ld':>13}{'wgmma':>7}")
+    print(
+        f"{'schedule':<20}{'shared KiB':>11}{'highest reg':>12}{'spills st/ld':>13}{'wgmma':>7}{'ex2':>6}{'instr':>7}"
+    )
     for text in args.schedules:
         with tempfile.TemporaryDirectory() as dump:
             env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": dump}
@@ -125,15 +129,15 @@ def main() -> None:
             cmd = [sys.executable, __file__, text, "--head-dim", str(args.head_dim), "--one"]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode:
-                print(f"{text:<12} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}")
+                print(f"{text:<20} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}")
                 continue
             row = json.loads(proc.stdout.strip().splitlines()[-1])
             cubins = sorted(Path(dump).rglob("*.cubin"))
             row.update(read_sass(cubins[0]) if cubins else {"sass": "no cubin kept"})
         spills = f"{row.get('spill_stores', '-')}/{row.get('spill_loads', '-')}"
         print(
-            f"{row['schedule']:<12}{row['shared_bytes'] / 1024:>11.1f}{row.get('highest_register', '-'):>12}"
-            f"{spills:>13}{row.get('wgmma', '-'):>7}"
+            f"{row['schedule']:<20}{row['shared_bytes'] / 1024:>11.1f}{row.get('highest_register', '-'):>12}"
+            f"{spills:>13}{row.get('wgmma', '-'):>7}{row.get('mufu_ex2', '-'):>6}{row.get('instructions', '-'):>7}"
         )
 
 
