@@ -44,8 +44,9 @@ class Fa4Tile:
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
     memory ('ss'), `stages` K/V buffers, and its softmax (see `_softmax_forward`): `emulate_exp2`, every that
     many exponentials computed by a polynomial on the FMA pipe instead of the MUFU unit (0: none), and
-    `split_sum`, the row sums added in four independent chains. Written like "192x144ss", "128x176rs3" (stages
-    when not 2) or "192x144ss:emu4:sum4"."""
+    `split_sum`, the row sums added in four independent chains, and `lazy_rescale`, O rescaled only when a row's
+    maximum grew by more than 2^8 (fa4's Blackwell rule for 16-bit inputs). Written like "192x144ss",
+    "128x176rs3" (stages when not 2) or "192x144ss:emu4:sum4:lazy"."""
 
     m: int
     n: int
@@ -53,21 +54,24 @@ class Fa4Tile:
     stages: int = 2
     emulate_exp2: int = 0
     split_sum: bool = False
+    lazy_rescale: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(?::emu(\d+))?(:sum4)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(?::emu(\d+))?(:sum4)?(:lazy)?", text.strip())
         if found is None:
             raise ValueError(
                 f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages, ':emuN' and ':sum4', e.g. "
                 "192x144ss or 128x176rs3:emu4"
             )
-        m, n, mode, stages, emulate, split = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), int(emulate or 0), split is not None)
+        m, n, mode, stages, emulate, split, lazy = found.groups()
+        softmax = int(emulate or 0), split is not None, lazy is not None
+        return cls(int(m), int(n), mode == "rs", int(stages or 2), *softmax)
 
     def __str__(self) -> str:
         stages = self.stages if self.stages != 2 else ""
-        softmax = (f":emu{self.emulate_exp2}" if self.emulate_exp2 else "") + (":sum4" if self.split_sum else "")
+        softmax = f":emu{self.emulate_exp2}" if self.emulate_exp2 else ""
+        softmax += (":sum4" if self.split_sum else "") + (":lazy" if self.lazy_rescale else "")
         return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{softmax}"
 
 
@@ -293,8 +297,8 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
     kind = FlashAttentionForwardSm90
-    if tile.emulate_exp2 or tile.split_sum:
-        kind = _softmax_forward(tile.emulate_exp2, tile.split_sum)
+    if tile.emulate_exp2 or tile.split_sum or tile.lazy_rescale:
+        kind = _softmax_forward(tile.emulate_exp2, tile.split_sum, tile.lazy_rescale)
     return kind(
         dtype,
         head_dim,
@@ -316,7 +320,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
 
 
 @functools.cache
-def _softmax_forward(emulate_exp2: int, split_sum: bool) -> type:
+def _softmax_forward(emulate_exp2: int, split_sum: bool, lazy_rescale: bool) -> type:
     """fa4's Hopper forward with our online softmax: at head_dim 72 each score costs the MUFU unit 80% of what it
     costs the tensor cores, so every `emulate_exp2`-th exponential is computed as 2^floor(x) * p(frac(x)) (fa4's
     degree-3 polynomial, relative error ~1e-4, far below P's bf16 rounding) on the FMA and ALU pipes instead;
@@ -364,6 +368,10 @@ def _softmax_forward(emulate_exp2: int, split_sum: bool) -> type:
                 current = cute.arch.warp_reduction_max(current, threads_in_group=4)
                 previous = self.row_max[r]
                 self.row_max[r] = current
+                if cutlass.const_expr(lazy_rescale and not is_first):
+                    if (current - previous) * self.scale_log2 <= 8.0:  # P stays below 2^8: keep the old maximum
+                        current = previous
+                    self.row_max[r] = current
                 if cutlass.const_expr(check_inf):
                     current = 0.0 if current == -cutlass.Float32.inf else current
                 acc_S_mn[r, None].store(scores * self.scale_log2 - current * self.scale_log2)
@@ -375,6 +383,15 @@ def _softmax_forward(emulate_exp2: int, split_sum: bool) -> type:
                     row_scale[r] = cute.math.exp2((previous - current) * self.scale_log2, fastmath=True)
                     self.row_sum[r] = row_sum(acc_S_mn[r, None], self.row_sum[r] * row_scale[r])
             return row_scale
+
+        @cute.jit
+        def rescale_O(self, acc_O, row_scale) -> None:
+            acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+            for r in cutlass.range(cute.size(row_scale), unroll_full=True):
+                if cutlass.const_expr(not lazy_rescale):  # noqa: SIM114 (a static branch, then a dynamic one)
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
+                elif row_scale[r] != 1.0:
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
 
     class SoftmaxForward(flash_fwd_sm90.FlashAttentionForwardSm90):
         def mma(self, *args, **kwargs):
