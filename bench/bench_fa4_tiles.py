@@ -87,7 +87,8 @@ def checked(names: list[str], jobs: int, limit: int, emit) -> list[str]:
 
 
 def timing(names: list[str], rounds: int, emit) -> None:
-    """Every schedule (and cuDNN packed) on every workload, `rounds` alternating rounds, one process."""
+    """Every schedule (and cuDNN packed) on every workload, `rounds` alternating rounds in rotating order, one
+    process."""
     runs: dict[str, dict] = {}
     for name in [*names, "cudnn_packed"]:
         impl = "cudnn_packed" if name == "cudnn_packed" else "fa4"
@@ -107,9 +108,13 @@ def timing(names: list[str], rounds: int, emit) -> None:
         useful = sum(t * (h * w) ** 2 for t, h, w in grids)
         acc = {name: errors(fns[case](*qkv), ref, real) for name, fns in runs.items()}
         del ref
+        order = list(runs)
         for rnd in range(1, rounds + 1):
-            for name, fns in runs.items():
-                ms = pipelined_ms(fns[case], *qkv)
+            # Each round starts one schedule later: the first call after a pause runs at a higher clock (the board
+            # sits at its power limit under load), which would otherwise favour the first schedule every round.
+            first = (rnd - 1) % len(order)
+            for name in order[first:] + order[:first]:
+                ms = pipelined_ms(runs[name][case], *qkv)
                 row = {"bench": "fa4_tile", "frames": case, "variant": name, "head_dim": HEAD_DIM, "round": rnd}
                 tflops = 4 * HEADS * HEAD_DIM * useful / ms / 1e9
                 row.update(ms_pipelined=round(ms, 3), tflops_pipelined=round(tflops, 1))
