@@ -158,9 +158,12 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["segmented_taps"] = (cfg, "segmented", COMPILER_OPTIONS)
     # cuBLASLt's first heuristic choice for every GEMM instead of the one XLA's autotuner timed fastest
     variants["autotune_level_0"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_autotune_level": 0})
+    # fa4 under another schedule (`vitjax.attention.Fa4Tile`), named "fa4=<schedule>" in `only`
+    for name in sorted(n for n in only or () if n.startswith("fa4=")):
+        variants[name] = (cfg, attention.Fa4Tile.parse(name.removeprefix("fa4=")), COMPILER_OPTIONS)
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
-    run_blocks = model.VisionTower.run_blocks
+    run_blocks, shipped_tile = model.VisionTower.run_blocks, attention.FA4_TILES.get(cfg.head_dim)
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
             continue
@@ -168,6 +171,8 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
         model._LayerNorm.__call__ = model._LayerNorm.xla if patch == "xla_ln" else norm
         model.VisionTower.run_blocks = segmented_run_blocks if patch == "segmented" else run_blocks
+        if isinstance(patch, attention.Fa4Tile):
+            attention.set_fa4_tile(cfg.head_dim, patch)
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
@@ -202,6 +207,8 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         finally:
             model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__ = original, width, norm
             model.VisionTower.run_blocks = run_blocks
+            if isinstance(patch, attention.Fa4Tile):
+                attention.set_fa4_tile(cfg.head_dim, shipped_tile)
 
 
 def random_state(abstract):

@@ -12,8 +12,9 @@
 # each unzipped into one folder, less what nothing imports (tvm_ffi/3rdparty, the iket profiler, the aarch64
 # runtime stubs; libtvm_ffi_testing.so travels beside the archive), packed with `tar cf - . | xz --x86 --lzma2=preset=9e,dict=256MiB`
 # (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), TILES
-# (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants), BLOCK_FLAGS and VIT_FLAGS (more flags
-# for bench_block, bench_vit), PROFILE_TILES (schedules ncu reads), PAIRS (bench_fa4_widths' --pairs).
+# (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants; "fa4=<schedule>" runs the shipped scan
+# with another fa4 schedule), TILE_FLAGS, BLOCK_FLAGS and VIT_FLAGS (more flags for bench_fa4_tiles, bench_block,
+# bench_vit), PROFILE_TILES (schedules ncu reads), PAIRS (bench_fa4_widths' --pairs).
 set -u -o pipefail
 OUT=${OUT:-/tmp/vitjax-gpu}
 SITE=${FA4_SITE:-/tmp/fa4site}
@@ -67,7 +68,8 @@ for step in $STEPS; do
         du -sh "$SITE" ;;
     smoke) export SMOKE && run smoke 240 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm \
         --format=csv && python3 -c "$SMOKE"' || exit 1 ;;
-    tiles) run tiles 420 python3 bench/bench_fa4_tiles.py --out "$OUT/results" ${TILES:+--variants "$TILES"} ;;
+    tiles) run tiles 420 python3 bench/bench_fa4_tiles.py --out "$OUT/results" ${TILES:+--variants "$TILES"} \
+        ${TILE_FLAGS:-} ;;
     block) mkdir -p "$OUT/hlo" && run block 420 env HLO_DIR="$OUT/hlo" python3 bench/bench_block.py --no-parts \
         --variants "${BLOCK_VARIANTS:-shipped,cudnn_layer_norm,triton_block_level,shipped_again}" ${BLOCK_FLAGS:-}
         tar czf "$OUT/hlo.tar.gz" -C "$OUT" hlo && rm -r "$OUT/hlo" ;;  # the device tool brings back few files
