@@ -42,37 +42,23 @@ FA4_VERIFIED = ("0.1.0",)
 class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
-    memory ('ss'), `stages` K/V buffers, and its softmax (see `_softmax_forward`): `emulate_exp2`, every that
-    many exponentials computed by a polynomial on the FMA pipe instead of the MUFU unit (0: none), and
-    `split_sum`, the row sums added in four independent chains, and `lazy_rescale`, O rescaled only when a row's
-    maximum grew by more than 2^8 (fa4's Blackwell rule for 16-bit inputs). Written like "192x144ss",
-    "128x176rs3" (stages when not 2) or "192x144ss:emu4:sum4:lazy"."""
+    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
 
     m: int
     n: int
     p_in_registers: bool
     stages: int = 2
-    emulate_exp2: int = 0
-    split_sum: bool = False
-    lazy_rescale: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(?::emu(\d+))?(:sum4)?(:lazy)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
         if found is None:
-            raise ValueError(
-                f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages, ':emuN' and ':sum4', e.g. "
-                "192x144ss or 128x176rs3:emu4"
-            )
-        m, n, mode, stages, emulate, split, lazy = found.groups()
-        softmax = int(emulate or 0), split is not None, lazy is not None
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), *softmax)
+            raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
+        m, n, mode, stages = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2))
 
     def __str__(self) -> str:
-        stages = self.stages if self.stages != 2 else ""
-        softmax = f":emu{self.emulate_exp2}" if self.emulate_exp2 else ""
-        softmax += (":sum4" if self.split_sum else "") + (":lazy" if self.lazy_rescale else "")
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{softmax}"
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
 
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). Empty: at
@@ -296,10 +282,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    kind = FlashAttentionForwardSm90
-    if tile.emulate_exp2 or tile.split_sum or tile.lazy_rescale:
-        kind = _softmax_forward(tile.emulate_exp2, tile.split_sum, tile.lazy_rescale)
-    return kind(
+    return FlashAttentionForwardSm90(
         dtype,
         head_dim,
         head_dim,
@@ -317,91 +300,6 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
         mask_mod=None,
         has_aux_tensors=aux,
     )
-
-
-@functools.cache
-def _softmax_forward(emulate_exp2: int, split_sum: bool, lazy_rescale: bool) -> type:
-    """fa4's Hopper forward with our online softmax: at head_dim 72 each score costs the MUFU unit 80% of what it
-    costs the tensor cores, so every `emulate_exp2`-th exponential is computed as 2^floor(x) * p(frac(x)) (fa4's
-    degree-3 polynomial, relative error ~1e-4, far below P's bf16 rounding) on the FMA and ALU pipes instead;
-    `split_sum` adds each row's sum in four chains rather than one. Reaches into fa4-jax's kernel module (its
-    `Softmax`, swapped while the MMA warpgroups' code is traced): checked on `FA4_VERIFIED`."""
-    import cutlass
-    import cutlass.cute as cute
-    from fa4_jax.cute import flash_fwd_sm90, utils
-    from fa4_jax.cute.quack import layout_utils
-    from fa4_jax.cute.softmax import Softmax
-
-    # Plain Python at trace time (unrolled): the row's length and which entries are emulated are static.
-    def exp2_row(row: cute.Tensor) -> None:
-        for i in range(cute.size(row.shape)):
-            if emulate_exp2 and i % emulate_exp2 == emulate_exp2 - 1:
-                row[i] = utils.ex2_emulation(row[i])
-            else:
-                row[i] = cute.math.exp2(row[i], fastmath=True)
-
-    def row_sum(row: cute.Tensor, init):
-        if not split_sum:
-            return row.load().reduce(cute.ReductionOp.ADD, init, 0)
-        sums = [row[0], row[1], row[2], row[3]]
-        for i in range(4, cute.size(row.shape), 4):
-            for j in range(4):
-                sums[j] = sums[j] + row[i + j]
-        return (sums[0] + sums[1]) + (sums[2] + sums[3]) + init
-
-    class OurSoftmax(Softmax):
-        @staticmethod
-        def create(scale_log2, num_rows, arch=80, softmax_scale=None):
-            row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-            row_sum_ = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-            return OurSoftmax(scale_log2, num_rows, row_max, row_sum_, arch, softmax_scale)
-
-        @cute.jit
-        def online_softmax(
-            self, acc_S, is_first: cutlass.Constexpr[bool] = False, check_inf: cutlass.Constexpr[bool] = True
-        ):
-            acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-            row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
-            for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
-                scores = acc_S_mn[r, None].load()
-                current = utils.fmax_reduce(scores, init_val=None if cutlass.const_expr(is_first) else self.row_max[r])
-                current = cute.arch.warp_reduction_max(current, threads_in_group=4)
-                previous = self.row_max[r]
-                self.row_max[r] = current
-                if cutlass.const_expr(lazy_rescale and not is_first):
-                    if (current - previous) * self.scale_log2 <= 8.0:  # P stays below 2^8: keep the old maximum
-                        current = previous
-                    self.row_max[r] = current
-                if cutlass.const_expr(check_inf):
-                    current = 0.0 if current == -cutlass.Float32.inf else current
-                acc_S_mn[r, None].store(scores * self.scale_log2 - current * self.scale_log2)
-                exp2_row(acc_S_mn[r, None])
-                if cutlass.const_expr(is_first):
-                    row_scale[r] = 1.0
-                    self.row_sum[r] = row_sum(acc_S_mn[r, None], cutlass.Float32.zero)
-                else:
-                    row_scale[r] = cute.math.exp2((previous - current) * self.scale_log2, fastmath=True)
-                    self.row_sum[r] = row_sum(acc_S_mn[r, None], self.row_sum[r] * row_scale[r])
-            return row_scale
-
-        @cute.jit
-        def rescale_O(self, acc_O, row_scale) -> None:
-            acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-            for r in cutlass.range(cute.size(row_scale), unroll_full=True):
-                if cutlass.const_expr(not lazy_rescale):  # noqa: SIM114 (a static branch, then a dynamic one)
-                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
-                elif row_scale[r] != 1.0:
-                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
-
-    class SoftmaxForward(flash_fwd_sm90.FlashAttentionForwardSm90):
-        def mma(self, *args, **kwargs):
-            flash_fwd_sm90.Softmax = OurSoftmax
-            try:
-                return super().mma(*args, **kwargs)
-            finally:
-                flash_fwd_sm90.Softmax = Softmax
-
-    return SoftmaxForward
 
 
 def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, implementation: str) -> jax.Array:
