@@ -61,10 +61,11 @@ class Fa4Tile:
         return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
 
 
-# Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). Empty: at
-# head_dim 72 FA3's 192x144ss was the fastest of 15 schedules measured on an H200 (`bench_fa4_tiles.py`,
-# bench/NOTES.md; at width 80 it runs at its head_dim-64 rate, and neither tiles nor halved L2 traffic move it).
-FA4_TILES: dict[int, Fa4Tile] = {}
+# Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). At head_dim
+# 72 (the 8B-and-larger towers), P in registers with 112 keys a step and 3 K/V stages: 2-5% faster than FA3's
+# 192x144ss (P through shared memory) alone, -0.8% on the 20-photo scan, same errors (H200, `bench_fa4_tiles.py`,
+# bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
+FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3)}
 
 
 @functools.partial(
