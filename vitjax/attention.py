@@ -42,28 +42,23 @@ FA4_VERIFIED = ("0.1.0",)
 class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
-    memory ('ss'), and `stages` K/V buffers; `multicast`: pairs of row blocks share each K/V tile
-    (`vitjax.fa4_multicast`). Written like "192x144ss", "128x176rs3" (stages when not 2) or "192x144ssmc"."""
+    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
 
     m: int
     n: int
     p_in_registers: bool
     stages: int = 2
-    multicast: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(mc)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
         if found is None:
-            raise ValueError(
-                f"fa4 tile {text!r}: expected MxN, rs or ss, then stages and mc if any, e.g. 192x144ss or 128x176rs3mc"
-            )
-        m, n, mode, stages, multicast = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), multicast is not None)
+            raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
+        m, n, mode, stages = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2))
 
     def __str__(self) -> str:
-        stages = self.stages if self.stages != 2 else ""
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{'mc' if self.multicast else ''}"
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
 
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). At head_dim
@@ -288,12 +283,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    kernel = FlashAttentionForwardSm90
-    if tile.multicast:
-        from vitjax.fa4_multicast import multicast_forward_class
-
-        kernel = multicast_forward_class()
-    return kernel(
+    return FlashAttentionForwardSm90(
         dtype,
         head_dim,
         head_dim,
