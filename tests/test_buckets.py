@@ -223,6 +223,7 @@ def test_fa4_needs_its_package():
         ("192x144ss", attention.Fa4Tile(192, 144, False, 2)),
         ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
         ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
+        ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
     ],
 )
 def test_fa4_tile_names(text, tile):
