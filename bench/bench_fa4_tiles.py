@@ -24,7 +24,17 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the check processes share the GPU
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_attention import CASES, HEADS, errors, pipelined_ms, random_qkv, recorder, run_fn, segments
+from bench_attention import (
+    CASES,
+    HEADS,
+    errors,
+    pipelined_ms,
+    random_qkv,
+    recorder,
+    rotating_rounds,
+    run_fn,
+    segments,
+)
 
 from vitjax import attention  # noqa: E402
 
@@ -109,17 +119,12 @@ def timing(names: list[str], rounds: int, emit) -> None:
         useful = sum(t * (h * w) ** 2 for t, h, w in grids)
         acc = {name: errors(fns[case](*qkv), ref, real) for name, fns in runs.items()}
         del ref
-        order = list(runs)
-        for rnd in range(1, rounds + 1):
-            # Each round starts one schedule later: the first call after a pause runs at a higher clock (the board
-            # sits at its power limit under load), which would otherwise favour the first schedule every round.
-            first = (rnd - 1) % len(order)
-            for name in order[first:] + order[:first]:
-                ms = pipelined_ms(runs[name][case], *qkv)
-                row = {"bench": "fa4_tile", "frames": case, "variant": name, "head_dim": HEAD_DIM, "round": rnd}
-                tflops = 4 * HEADS * HEAD_DIM * useful / ms / 1e9
-                row.update(ms_pipelined=round(ms, 3), tflops_pipelined=round(tflops, 1))
-                emit({**row, **acc[name]})
+        for rnd, name in rotating_rounds(list(runs), rounds):
+            ms = pipelined_ms(runs[name][case], *qkv)
+            row = {"bench": "fa4_tile", "frames": case, "variant": name, "head_dim": HEAD_DIM, "round": rnd}
+            tflops = 4 * HEADS * HEAD_DIM * useful / ms / 1e9
+            row.update(ms_pipelined=round(ms, 3), tflops_pipelined=round(tflops, 1))
+            emit({**row, **acc[name]})
 
 
 def table(rows: list[dict]) -> str:

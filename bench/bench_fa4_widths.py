@@ -2,7 +2,7 @@
 
 fa4 rounds head_dim 72 up to 80 inside the tile for both products: Q·Kᵀ contracts over 80 columns and P·V produces
 80. The question before writing a kernel that runs P·V at 72: is the time proportional to the widths? Each pair
-(head_dim, head_dim_v) is timed in alternating rounds under the same schedule (192 x 144, P through shared
+(head_dim, head_dim_v) is timed in rounds of rotating order under the same schedule (192 x 144, P through shared
 memory: upstream's for every width up to 96), forward, bf16, 16 heads, back-to-back calls.
 
     PYTHONPATH=. python bench/bench_fa4_widths.py [--pairs 72:72,72:64,64:64,80:80] [--rounds 3]
@@ -19,7 +19,7 @@ import statistics
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_attention import CASES, HEADS, pipelined_ms, recorder, run_fn, segments
+from bench_attention import CASES, HEADS, pipelined_ms, recorder, rotating_rounds, run_fn, segments
 
 from vitjax import attention  # noqa: E402
 
@@ -45,9 +45,8 @@ def main() -> None:
     }
     fn = run_fn("fa4", seg)  # q, k and v at whatever widths they have
     times: dict[tuple[int, int], list[float]] = {p: [] for p in pairs}
-    for _ in range(args.rounds):
-        for p in pairs:
-            times[p].append(pipelined_ms(fn, *inputs[p]))
+    for _, p in rotating_rounds(pairs, args.rounds):
+        times[p].append(pipelined_ms(fn, *inputs[p]))
     scores = float(np.sum(np.asarray(seg.lengths, np.int64) ** 2)) * HEADS
     base = statistics.median(times[pairs[0]])
     for (d, dv), ms in times.items():
