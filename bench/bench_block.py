@@ -4,13 +4,14 @@ Part times of one 8B block at the 20x960x1280 shape (each part compiled alone wi
 XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
 the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
 without deepstack taps (the cost of writing the tap carry); one scan per run of blocks between taps; the
-previous paths (the MLP's hidden width not padded, one qkv GEMM, XLA's two-pass
-LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions; cuBLASLt's first heuristic
-choices. With $HLO_DIR set, each 20-photo scan variant's optimized HLO is written there. With --profile, each
-scan also runs under JAX's profiler and its device ops' times per call are reported (`scan_op` rows, largest
-first). One JSON object per line.
+previous paths (the MLP's hidden width not padded, one qkv GEMM, XLA's two-pass LayerNorm); cuDNN's LayerNorm;
+XLA's block-level (Triton) fusions; cuBLASLt's first heuristic choices; and, named "fa4=<schedule>" in
+--variants, the shipped scan with fa4 under another schedule (`vitjax.attention.Fa4Tile`). With $HLO_DIR set,
+each 20-photo scan variant's optimized HLO is written there. With --profile, each scan also runs under JAX's
+profiler and its device ops' times per call are reported (`scan_op` rows, largest first). One JSON object per
+line.
 
-    PYTHONPATH=. python bench/bench_block.py [--profile]
+    PYTHONPATH=. python bench/bench_block.py [--profile] [--variants shipped,fa4=192x144ss,shipped_again]
 """
 
 from __future__ import annotations

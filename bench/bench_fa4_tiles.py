@@ -4,9 +4,10 @@ shared memory), beside cuDNN packed, on the tower's attention workloads (`bench_
 Two phases on one GPU. First every schedule is built and checked against the fp32 reference in a process of
 its own, several at a time (a schedule that fails to compile or faults takes only its process down; the built
 kernels land in cutejax's disk cache). Then one process times every schedule that passed, with cuDNN packed, in
-alternating rounds (their spread is the noise): forward, bf16, 16 heads, back-to-back calls.
+rounds of rotating order (`bench_attention.rotating_rounds`; their spread is the noise): forward, bf16, 16 heads,
+back-to-back calls.
 
-    PYTHONPATH=. python bench/bench_fa4_tiles.py [--variants 192x144ss,128x176rs] [--jobs 6] [--rounds 3]
+    PYTHONPATH=. python bench/bench_fa4_tiles.py [--variants 192x144ss,192x112rs3] [--jobs 6] [--rounds 3]
 
 One JSON object per line, also appended to bench/results/<device>-<date>.jsonl; a table last, fastest first.
 """
@@ -98,8 +99,7 @@ def checked(names: list[str], jobs: int, limit: int, emit) -> list[str]:
 
 
 def timing(names: list[str], rounds: int, emit) -> None:
-    """Every schedule (and cuDNN packed) on every workload, `rounds` alternating rounds in rotating order, one
-    process."""
+    """Every schedule (and cuDNN packed) on every workload, `rounds` rounds in rotating order, one process."""
     runs: dict[str, dict] = {}
     for name in [*names, "cudnn_packed"]:
         impl = "cudnn_packed" if name == "cudnn_packed" else "fa4"
