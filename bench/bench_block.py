@@ -1,15 +1,15 @@
 """Where one transformer block's time goes, and what the candidate changes to the tower buy (one GPU).
 
-Part times of one 8B block at the 20x960x1280 shape (each part compiled alone with the bucket executables'
-XLA options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at
-the measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options;
-without deepstack taps (the cost of writing the tap carry); one scan per run of blocks between taps; the
-previous paths (the MLP's hidden width not padded, one qkv GEMM, XLA's two-pass LayerNorm); cuDNN's LayerNorm;
-XLA's block-level (Triton) fusions; cuBLASLt's first heuristic choices; and, named "fa4=<schedule>" in
---variants, the shipped scan with fa4 under another schedule (`vitjax.attention.Fa4Tile`). With $HLO_DIR set,
-each 20-photo scan variant's optimized HLO is written there. With --profile, each scan also runs under JAX's
-profiler and its device ops' times per call are reported (`scan_op` rows, largest first). One JSON object per
-line.
+Part times of one 8B block at the 20x960x1280 shape (each part compiled alone with the bucket executables' XLA
+options, inputs resident), beside each part's floor (GEMM FLOPs at the measured matmul rate, bytes at the
+measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options; without
+deepstack taps (the cost of writing the tap carry); one scan per run of blocks between taps; the blocks
+unrolled (no loop); without CUDA graphs; the previous paths (the MLP's hidden width not padded, one qkv GEMM,
+XLA's two-pass LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions; cuBLASLt's first heuristic
+choices; and, named "fa4=<schedule>" in --variants, the shipped scan with fa4 under another schedule
+(`vitjax.attention.Fa4Tile`). With $HLO_DIR set, each 20-photo scan variant's optimized HLO is written there.
+With --profile, each scan also runs under JAX's profiler and its device ops' times per call are reported
+(`scan_op` rows, largest first). One JSON object per line.
 
     PYTHONPATH=. python bench/bench_block.py [--profile] [--variants shipped,fa4=192x144ss,shipped_again]
 """
@@ -17,6 +17,7 @@ line.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_attention import pipelined_ms, timed  # bench/ is on sys.path when run as a script
+from bench_attention import pipelined_ms, rotating_rounds, timed  # bench/ is on sys.path when run as a script
 from bench_vit import GpuSampler, op_times, versions
 from flax import nnx
 
@@ -138,9 +139,25 @@ def segmented_run_blocks(self, x, inputs, impl="reference"):
     return x, jnp.stack(taps)
 
 
-def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None, profile=False) -> None:
-    """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these);
-    `profile`: each one's device ops too."""
+def unrolled_run_blocks(self, x, inputs, impl="reference"):
+    """Candidate: the blocks unrolled into one program (27 blocks compiled), the taps being the tap blocks' outputs:
+    no loop, no tap buffer written by every block."""
+    cfg = self.cfg
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    graph, params = nnx.split(self.blocks)
+    taps = []
+    for i in range(cfg.depth):
+        block = nnx.merge(graph, jax.tree.map(lambda a, i=i: a[i], params))
+        x = block(x, cos, sin, inputs.segments, impl)
+        if i in cfg.deepstack_visual_indexes:
+            taps.append(x)
+    return x, jnp.stack(taps)
+
+
+def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None, profile=False, rounds=3) -> None:
+    """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these), all
+    compiled first, then timed in `rounds` rotating rounds (median ms); `profile`: each one's device ops too
+    (`device_busy_ms`: the sum over all of them)."""
     inputs = inputs_for(cfg, grids, tokens, slots)
     variants = {"shipped": (cfg, None, COMPILER_OPTIONS)}
     if shape_name == "20x960x1280":
@@ -157,6 +174,11 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["fused_qkv"] = (cfg, fused_qkv_call, COMPILER_OPTIONS)
     variants["xla_layer_norm"] = (cfg, "xla_ln", COMPILER_OPTIONS)
     variants["segmented_taps"] = (cfg, "segmented", COMPILER_OPTIONS)
+    variants["unrolled"] = (cfg, "unrolled", COMPILER_OPTIONS)
+    # every kernel launched alone instead of through CUDA graphs (XLA's command buffers)
+    no_graphs = {**COMPILER_OPTIONS, "xla_gpu_enable_command_buffer": ""}
+    variants["unrolled_no_graphs"] = (cfg, "unrolled", no_graphs)
+    variants["no_graphs"] = (cfg, None, no_graphs)
     # cuBLASLt's first heuristic choice for every GEMM instead of the one XLA's autotuner timed fastest
     variants["autotune_level_0"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_autotune_level": 0})
     # fa4 under another schedule (`vitjax.attention.Fa4Tile`), named "fa4=<schedule>" in `only`
@@ -165,13 +187,16 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
     run_blocks, shipped_tile = model.VisionTower.run_blocks, attention.FA4_TILES.get(cfg.head_dim)
+    built = {}  # name -> (executable, weights, x, compile seconds, optimized HLO)
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
             continue
         model.Attention.__call__ = patch if callable(patch) else original
         model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
         model._LayerNorm.__call__ = model._LayerNorm.xla if patch == "xla_ln" else norm
-        model.VisionTower.run_blocks = segmented_run_blocks if patch == "segmented" else run_blocks
+        model.VisionTower.run_blocks = {"segmented": segmented_run_blocks, "unrolled": unrolled_run_blocks}.get(
+            patch if isinstance(patch, str) else "", run_blocks
+        )
         if isinstance(patch, attention.Fa4Tile):
             attention.set_fa4_tile(cfg.head_dim, patch)
         try:
@@ -182,27 +207,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             fn = jax.jit(lambda s, x, inp, graph=graph: nnx.merge(graph, s).run_blocks(x, inp, impl))
             start = time.perf_counter()
             exe = fn.lower(state, x, inputs).compile(compiler_options=options or None)
-            compile_s = time.perf_counter() - start
-            with GpuSampler() as gpu:
-                t = timed(exe, state, x, inputs)
-            hlo = exe.as_text()
-            if hlo_dir and shape_name == "20x960x1280":
-                (hlo_dir / f"scan_{shape_name}_{name}.hlo.txt").write_text(hlo)
-            if profile:
-                for line, op, ms in op_times(lambda exe=exe, state=state, x=x: exe(state, x, inputs))[:40]:
-                    emit(bench="scan_op", shape=shape_name, variant=name, line=line, op=op, ms=ms)
-            epilogues = sorted(set(re.findall(r'"epilogue":"(\w+)"', hlo)))
-            gemms = {k: hlo.count(k) for k in ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")}
-            emit(
-                bench="scan_variant",
-                shape=shape_name,
-                variant=name,
-                ms=t * 1e3,
-                compile_s=compile_s,
-                **gpu.stats,
-                epilogues=epilogues,
-                gemms=gemms,
-            )
+            built[name] = (exe, state, x, time.perf_counter() - start, exe.as_text())
         except Exception as e:  # a variant the installed XLA rejects is reported, not fatal
             emit(bench="scan_variant", shape=shape_name, variant=name, error=repr(e)[:300])
         finally:
@@ -210,6 +215,34 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             model.VisionTower.run_blocks = run_blocks
             if isinstance(patch, attention.Fa4Tile):
                 attention.set_fa4_tile(cfg.head_dim, shipped_tile)
+    times, stats = collections.defaultdict(list), collections.defaultdict(list)
+    for _, name in rotating_rounds(list(built), rounds):
+        exe, state, x, _, _ = built[name]
+        with GpuSampler() as gpu:
+            times[name].append(timed(exe, state, x, inputs, reps=5) * 1e3)
+        stats[name].append(gpu.stats)
+    for name, (exe, state, x, compile_s, hlo) in built.items():
+        if hlo_dir and shape_name == "20x960x1280":
+            (hlo_dir / f"scan_{shape_name}_{name}.hlo.txt").write_text(hlo)
+        row = {}
+        if profile:
+            ops = op_times(lambda exe=exe, state=state, x=x: exe(state, x, inputs))
+            for line, op, ms in ops[:40]:
+                emit(bench="scan_op", shape=shape_name, variant=name, line=line, op=op, ms=ms)
+            row["device_busy_ms"] = sum(ms for _, _, ms in ops)
+        gpu_medians = {k: float(np.median([s[k] for s in stats[name] if k in s])) for k in stats[name][0]}
+        emit(
+            bench="scan_variant",
+            shape=shape_name,
+            variant=name,
+            ms=float(np.median(times[name])),
+            ms_rounds=[round(t, 3) for t in times[name]],
+            compile_s=compile_s,
+            **gpu_medians,
+            **row,
+            epilogues=sorted(set(re.findall(r'"epilogue":"(\w+)"', hlo))),
+            gemms={k: hlo.count(k) for k in ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")},
+        )
 
 
 def random_state(abstract):
@@ -227,6 +260,7 @@ def main() -> None:
     ap.add_argument("--variants", help="scan variants to run, comma-separated (default: all)")
     ap.add_argument("--no-parts", action="store_true", help="skip the per-part times")
     ap.add_argument("--profile", action="store_true", help="device time per op of each scan variant")
+    ap.add_argument("--rounds", type=int, default=3, help="rotating timing rounds over the scan variants")
     args = ap.parse_args()
     emit(**versions())
     cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
@@ -244,8 +278,8 @@ def main() -> None:
         block_parts(cfg, tower, inputs_for(cfg, big, tokens, 64), impl, flops_rate, bw)
     hlo_dir = Path(os.environ["HLO_DIR"]) if "HLO_DIR" in os.environ else None
     only = set(args.variants.split(",")) if args.variants else None
-    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir, only, args.profile)
-    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir, only, args.profile)
+    scan_variants(cfg, big, tokens, 64, impl, "20x960x1280", hlo_dir, only, args.profile, args.rounds)
+    scan_variants(cfg, small, small_tokens, 1, impl, "1x720p", hlo_dir, only, args.profile, args.rounds)
 
 
 if __name__ == "__main__":

@@ -268,20 +268,26 @@ def run_vitjax(
     sequence_parallel: int = 1,
     attention: str | None = None,
     profile: bool = False,
+    max_call_tokens: int = 0,
 ) -> dict:
     """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
     `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements.
-    `profile`: the device-only call's device ops too (`tower_op` rows, largest first)."""
+    `profile`: the device-only call's device ops too (`tower_op` rows, largest first). `max_call_tokens`: the
+    token ladder cut there, so a larger request runs as several calls (rows then carry the cap)."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
     impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
     if impl == "fa4":
         schedule = SHIPPED_TILES.get(cfg.head_dim) if not tile else None if tile == "upstream" else Fa4Tile.parse(tile)
         set_fa4_tile(cfg.head_dim, schedule)
+    if max_call_tokens:
+        policy = policy or BucketPolicy()
+        policy = BucketPolicy(tuple(t for t in policy.tokens if t <= max_call_tokens), policy.segments, policy.granule)
     enc = vitjax.Encoder.from_pretrained(
         weights_dir, dtype="bfloat16", buckets=policy, attention=impl or None, **parallel
     )
     label = attention or enc.attention
+    cap = {"max_call_tokens": max_call_tokens} if max_call_tokens else {}
     emit({"phase": "vitjax_load", "s": time.perf_counter() - start, "attention": label, **parallel})
     engine = enc.parallel.engines[0]
     compiled: dict = {}
@@ -317,6 +323,7 @@ def run_vitjax(
             "impl": "vitjax",
             "attention": label,
             **parallel,
+            **cap,
             "workload": name,
             "images": len(grids),
             "patches": tokens,
@@ -339,7 +346,17 @@ def run_vitjax(
                 ops = op_times(device_only)
                 row["device_busy_ms"] = sum(ms for _, _, ms in ops)
                 for line, op, ms in ops[:40]:
-                    emit({"bench": "tower_op", "attention": label, "workload": name, "line": line, "op": op, "ms": ms})
+                    emit(
+                        {
+                            "bench": "tower_op",
+                            "attention": label,
+                            **cap,
+                            "workload": name,
+                            "line": line,
+                            "op": op,
+                            "ms": ms,
+                        }
+                    )
             del on_device
             row.update(
                 buckets=[list(b) for b, _ in plan],
@@ -383,9 +400,13 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, attention, devices, workload): a later run of the same day supersedes an earlier
-    one."""
-    keys = {(r.get("impl"), r.get("attention"), _gpus(r), r.get("workload")): r for r in rows if r.get("impl")}
+    """The last row of each (impl, attention, call cap, devices, workload): a later run of the same day supersedes
+    an earlier one."""
+    keys = {
+        (r.get("impl"), r.get("attention"), r.get("max_call_tokens"), _gpus(r), r.get("workload")): r
+        for r in rows
+        if r.get("impl")
+    }
     return list(keys.values())
 
 
@@ -399,7 +420,7 @@ def table(rows: list[dict]) -> str:
     rows = latest(rows)
     hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
     lines = [
-        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>14}{'vitjax ms':>11}"
+        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>20}{'vitjax ms':>11}"
         f"{'TF/s':>7}{'dev ms':>9}{'x HF':>7}"
     ]
     for r in rows:
@@ -408,8 +429,9 @@ def table(rows: list[dict]) -> str:
         h = hf.get(r["workload"], {})
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
+        label = r.get("attention", "") + (f" <={r['max_call_tokens']}" if r.get("max_call_tokens") else "")
         lines.append(
-            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{r.get('attention', ''):>14}"
+            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>20}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
         )
     return "\n".join(lines)
@@ -462,6 +484,12 @@ def main() -> None:
         help="vitjax runs: attention paths, comma-separated (default: the automatic one); fa4:TILE (e.g. "
         "fa4:128x176rs) or fa4:upstream runs fa4 with that schedule",
     )
+    ap.add_argument(
+        "--max-call-tokens",
+        default="0",
+        help="vitjax runs: the token ladder cut at each of these (0: as shipped), comma-separated, so larger "
+        "requests run as several calls",
+    )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:
@@ -499,10 +527,22 @@ def main() -> None:
         n = int(spec.removeprefix("sp"))
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
         for impl in args.attention.split(",") if args.attention else [None]:
-            parts = not args.no_parts
-            infos[spec] = run_vitjax(
-                cfg, weights, items, pool, emit, parts, policy, **parallel, attention=impl, profile=args.profile
-            )
+            for cap in map(int, args.max_call_tokens.split(",")):
+                parts = not args.no_parts
+                info = run_vitjax(
+                    cfg,
+                    weights,
+                    items,
+                    pool,
+                    emit,
+                    parts,
+                    policy,
+                    **parallel,
+                    attention=impl,
+                    profile=args.profile,
+                    max_call_tokens=cap,
+                )
+                infos[spec] = info
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
     print(table(rows), flush=True)
