@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one command (device time is scarce: one machine start, one call).
-#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep bridge encode decode
+#   OUT=/tmp/out bash bench/run_gpu.sh [STEP...]     steps: env parity attention gemm block vit vit2 sweep bridge encode decode h2d
 # Each step has its own time limit so one slow step cannot starve the rest; logs go to $OUT/<step>.log,
 # the benchmark's JSON lines and plot to $OUT/results/.
 set -u -o pipefail
@@ -28,6 +28,7 @@ print(jax.devices(), jax.__version__, jaxlib.__version__, flax.__version__, torc
     parity) run parity 150 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
     attention) run attention 200 python3 bench/bench_attention.py --sweep --out "$OUT/results" ;;
     gemm) run gemm 150 python3 bench/bench_gemm.py ;;
+    h2d) run h2d 200 python3 bench/bench_h2d.py --out "$OUT/results" ;;
     block) run block 200 python3 bench/bench_block.py ;;
     vit) run vit 250 python3 bench/bench_vit.py --out "$OUT/results" ;;
     vit2) run vit2 300 python3 bench/bench_vit.py --out "$OUT/results" --devices 1,2,sp2 --no-parts --no-warm-start ;;
