@@ -85,10 +85,10 @@ def median_time(fn, reps: int) -> tuple[float, list[float]]:
     return float(np.median(times)), times
 
 
-def op_times(call, calls: int = 3) -> list[tuple[str, str, float]]:
-    """(device line, op, ms per call) of `calls` runs of `call` (which waits for its results) under JAX's
-    profiler, largest first. XLA's device lines name each op (fusions, custom calls, GEMMs) as in the optimized
-    HLO."""
+def device_events(call, calls: int = 3) -> list[tuple[str, str, float, float]]:
+    """(device line, op, start µs, duration µs) of every GPU op of `calls` runs of `call` (which waits for its
+    results) under JAX's profiler, in time order. XLA's device lines name each op (fusions, custom calls, GEMMs)
+    as in the optimized HLO."""
     jax.block_until_ready(call())
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
@@ -100,11 +100,19 @@ def op_times(call, calls: int = 3) -> list[tuple[str, str, float]]:
     for e in events:
         if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
             names[(e["pid"], e.get("tid") if e["name"] == "thread_name" else None)] = e["args"]["name"]
-    total: dict[tuple[str, str], float] = collections.defaultdict(float)
+    ops = []
     for e in events:
         process = names.get((e.get("pid"), None), "")
         if e.get("ph") == "X" and ("GPU" in process or "gpu" in process):
-            total[(names.get((e["pid"], e.get("tid")), "?"), e["name"])] += e.get("dur", 0) / 1e3 / calls
+            ops.append((names.get((e["pid"], e.get("tid")), "?"), e["name"], float(e["ts"]), float(e.get("dur", 0))))
+    return sorted(ops, key=lambda op: op[2])
+
+
+def op_times(call, calls: int = 3) -> list[tuple[str, str, float]]:
+    """(device line, op, ms per call) of `calls` runs of `call` under JAX's profiler, largest first."""
+    total: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for line, op, _, dur in device_events(call, calls):
+        total[(line, op)] += dur / 1e3 / calls
     return sorted(((line, op, ms) for (line, op), ms in total.items()), key=lambda r: -r[2])
 
 
@@ -245,10 +253,10 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
     )
     out["host_layout_cached"] = median_time(lambda: layout.pack(grids, *bucket, side=cfg.grid_side), 20)[0] * 1e3
     host = pool[:tokens]
-    transfer = median_time(lambda: jax.block_until_ready(engine._inputs(host, 0, tokens, packed)), 5)[0]
+    transfer = median_time(lambda: jax.block_until_ready(engine._inputs(host, 0, tokens, grids, bucket)), 5)[0]
     out["host_to_device"] = transfer * 1e3
     exe = engine.executable(bucket, np.float32, max_length)
-    args = engine._inputs(host, 0, tokens, packed)
+    args = engine._inputs(host, 0, tokens, grids, bucket)
     out["executable"] = median_time(lambda: jax.block_until_ready(exe(state, *args)), 5)[0] * 1e3
     packed_out = jax.block_until_ready(exe(state, *args))
     spans = layout.split_points(grids, cfg.merge_unit)

@@ -167,6 +167,35 @@ def test_device_resident_pixels(monkeypatch):
     assert buckets._partial_chunk._cache_size() == before + 1
 
 
+def test_call_layouts_stay_on_the_device(monkeypatch):
+    """A call layout is copied to the device once and reused while among the `LAYOUT_CACHE` most recent; an
+    evicted one is copied again. Its arrays are the host layout's, and the outputs do not change."""
+    from vitjax import buckets
+
+    monkeypatch.setattr(buckets, "LAYOUT_CACHE", 2)
+    enc = _random_encoder()
+    engine = enc.parallel.engines[0]
+    grids = REQUESTS[2]
+    x = pixels_for(grids, CFG, seed=6)
+    first = [np.asarray(o) for o in enc.encode_patches(x, np.array(grids))]
+    ((bucket, _),) = POLICY.plan(grids)
+    key = (tuple(grids), bucket)
+    held = engine._layouts[key]
+    packed = layout.pack(grids, *bucket, side=CFG.grid_side, merge=CFG.spatial_merge_size)
+    for device, host in zip(held, packed, strict=True):
+        np.testing.assert_array_equal(device, host)
+    again = enc.encode_patches(x, np.array(grids))
+    assert engine._layouts[key] is held
+    for other in (REQUESTS[0], REQUESTS[1]):
+        enc.encode_patches(pixels_for(other, CFG, seed=7), np.array(other))
+    assert len(engine._layouts) == 2 and key not in engine._layouts
+    evicted = enc.encode_patches(x, np.array(grids))
+    assert engine._layouts[key] is not held
+    for a, b, c in zip(first, again, evicted, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
 @pytest.mark.parametrize("head_dim", [64, 72])
 def test_padded_batch_matches_reference(head_dim):
     """The gather/scatter around the public API (run here with XLA): unused slots, padding, unequal frames."""

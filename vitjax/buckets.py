@@ -14,6 +14,7 @@ pad. Per-image results are zero-copy row views of a call's packed output on the 
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import dataclasses
 import functools
@@ -49,6 +50,9 @@ MIN_FRAME_TOKENS = 256
 # when in one of these dtypes, else as float32.
 MAX_CHUNK_ROWS = 2048
 PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+# Device copies of the most recent call layouts kept per engine: a new copy costs the host ~1 ms before the call
+# can start, and a serving process sees the same image sizes again and again (bench/NOTES.md).
+LAYOUT_CACHE = 16
 # Per-executable XLA options (the user's global flags stay untouched): cuBLASLt rather than XLA's Triton
 # GEMMs fuses the bias and the MLP's GELU into the matmuls: -6% tower time on an H200 (bench/NOTES.md).
 COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cublaslt": True}
@@ -192,6 +196,7 @@ class Engine:
         self._graph, self._state = graph, jax.device_put(state, self._whole)  # no copy when already there
         self._executables: dict[tuple, jax.stages.Compiled] = {}
         self._zero_chunks: dict[tuple[jax.Device, int, np.dtype], jax.Array] = {}
+        self._layouts: collections.OrderedDict[tuple, tuple[jax.Array, ...]] = collections.OrderedDict()
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
@@ -261,10 +266,9 @@ class Engine:
             exe = self.executable(b, pixel_dtype, self._max_length(b, b.tokens // b.segments))
             if run:
                 grids = [(1, self.cfg.spatial_merge_size, self.cfg.spatial_merge_size)]
-                packed = layout.pack(grids, *b, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
                 rows = layout.grid_tokens(grids[0])
                 pixels = np.zeros((rows, self.cfg.patch_dim), pixel_dtype)
-                jax.block_until_ready(exe(self._state, *self._inputs(pixels, 0, rows, packed)))
+                jax.block_until_ready(exe(self._state, *self._inputs(pixels, 0, rows, grids, b)))
                 if len(self.devices) == 1:  # device-resident requests' partial chunk (else +0.1 s on first use)
                     window = np.zeros((self._chunk_rows(b.tokens), self.cfg.patch_dim), pixel_dtype)
                     jax.block_until_ready(_partial_chunk(jax.device_put(window, self.devices[0]), 0, 0))
@@ -285,10 +289,9 @@ class Engine:
         for bucket, images in self.policy.plan(grids):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
-            packed = layout.pack(call_grids, *bucket, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
             longest = max(g[1] * g[2] for g in call_grids)
             exe = self.executable(bucket, _pixel_dtype(pixel_values), self._max_length(bucket, longest))
-            output = exe(self._state, *self._inputs(pixel_values, row, rows, packed))
+            output = exe(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
             if self._mesh is not None:  # replicated: keep the first device's copy
                 output = next(s.data for s in output.addressable_shards if s.device == self.devices[0])
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit)))
@@ -305,12 +308,14 @@ class Engine:
                 outs[i] = row_view(call.output, start, rows)
         return outs
 
-    def _inputs(self, pixels: np.ndarray | jax.Array, row: int, rows: int, packed: layout.Packed) -> tuple:
+    def _inputs(
+        self, pixels: np.ndarray | jax.Array, row: int, rows: int, grids: Sequence[layout.Grid], bucket: Bucket
+    ) -> tuple:
         """A call's executable arguments on the device(s): rows [row, row+rows) of the request's pixels as
-        equal chunks, zero-padded to the bucket, and the packed layout."""
-        tokens, n = len(packed.segment_ids), len(self.devices)
+        equal chunks, zero-padded to the bucket, and the packed layout of `grids` in `bucket`."""
+        tokens, n = bucket.tokens, len(self.devices)
         chunk = self._chunk_rows(tokens)
-        layout_args = (*jax.device_put(packed[:3], self._split), *jax.device_put(packed[3:], self._whole))
+        layout_args = self._layout(grids, bucket)
         if isinstance(pixels, jax.Array):
             if pixels.shape[0] >= chunk and np.dtype(pixels.dtype) in PIXEL_DTYPES:
                 return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
@@ -340,6 +345,19 @@ class Engine:
             for j in range(per_device)
         )
         return (chunks, *layout_args)
+
+    def _layout(self, grids: Sequence[layout.Grid], bucket: Bucket) -> tuple[jax.Array, ...]:
+        """The packed layout of a call on the device(s) (per token split over the group, per segment whole), one
+        copy for each of the `LAYOUT_CACHE` most recently used layouts."""
+        key = (tuple(tuple(g) for g in grids), bucket)
+        args = self._layouts.pop(key, None)
+        if args is None:
+            packed = layout.pack(grids, *bucket, side=self.cfg.grid_side, merge=self.cfg.spatial_merge_size)
+            args = tuple(jax.device_put(tuple(packed), (self._split,) * 3 + (self._whole,) * 3))
+        self._layouts[key] = args
+        while len(self._layouts) > LAYOUT_CACHE:
+            self._layouts.popitem(last=False)
+        return args
 
     def _device_pieces(self, pixels: jax.Array, row: int, rows: int, tokens: int, chunk: int) -> tuple:
         """Device-resident pixels (one device) as the call's chunks, with nothing compiled per request size: full
