@@ -1,12 +1,12 @@
 """Where a tower call leaves the GPU idle: the device ops of device-only calls in time order (one GPU).
 
-`bench_vit.py` puts the 1 x 720p call at ~14 ms device-only against ~11 ms of device work, and the 20-photo one ~3
-ms above its work. Here the 8B tower (random bf16 weights) runs device-resident pixels under JAX's profiler; per
-workload: the host's dispatch time (until `Engine.run` returns), the span from the first device op to the last,
-the busy time (the union of all ops), and the idle time between ops grouped by the ops on either side (names
-without XLA's numeric suffixes), largest first. Each workload runs four times in one process, alternating: with
-every call's layout copied to the device anew (`LAYOUT_CACHE = 0`, as a never-seen image size is, and as every
-call was before the cache) and as shipped. One JSON object per line.
+`bench_vit.py` puts the 1 x 720p call at ~14 ms device-only against ~11 ms of device work, and the 20-photo one
+~3 ms above its work. Here the 8B tower (random bf16 weights) runs device-resident pixels under JAX's profiler;
+per workload: the host's dispatch time (until `Engine.run` returns), the span from the first device op to the
+last, the busy time (the union of all ops), and the idle time between ops grouped by the ops on either side
+(names without XLA's numeric suffixes), largest first. Each workload runs in three modes, alternating, twice:
+`before` (every call's layout copied to the device anew, `LAYOUT_CACHE = 0`, and pixel chunk views through the
+public `jax.dlpack.from_dlpack`), `layouts_kept` (the layout cache alone) and `shipped`. One JSON object per line.
 
     PYTHONPATH=. python bench/bench_timeline.py --out bench/results
 """
@@ -27,6 +27,7 @@ import vitjax
 from vitjax import buckets
 
 WORKLOADS = {"1x720p": (1, "720p"), "20x960x1280": (20, "960x1280")}
+MODES = {"before": (0, False), "layouts_kept": (buckets.LAYOUT_CACHE, False), "shipped": (buckets.LAYOUT_CACHE, True)}
 CALLS = 3
 MIN_GAP_US = 5.0
 
@@ -68,9 +69,11 @@ def main() -> None:
     enc = vitjax.Encoder.random("qwen3-vl-8b", attention=args.attention)
     engine = enc.parallel.engines[0]
     rng = np.random.default_rng(0)
-    shipped = buckets.LAYOUT_CACHE
-    for (name, (count, res)), cache in ((w, c) for w in WORKLOADS.items() for c in (0, shipped, 0, shipped)):
+    private_views = buckets._import_rows
+    for (name, (count, res)), mode in ((w, m) for w in WORKLOADS.items() for m in [*MODES] * 2):
+        cache, private = MODES[mode]
         buckets.LAYOUT_CACHE = cache
+        buckets._import_rows = private_views if private else lambda *_: None
         grids = [RESOLUTIONS[res]] * count
         rows = sum(t * h * w for t, h, w in grids)
         pixels = jax.device_put(rng.standard_normal((rows, enc.cfg.patch_dim), np.float32))
@@ -80,7 +83,7 @@ def main() -> None:
 
         call()
         dispatch, wall = [], []
-        for _ in range(10):
+        for _ in range(20 if rows < 10_000 else 10):
             start = time.perf_counter()
             outputs = [c.output for c in engine.run(pixels, grids)]
             dispatch.append(time.perf_counter() - start)
@@ -91,7 +94,7 @@ def main() -> None:
                 "bench": "timeline",
                 "workload": name,
                 "attention": enc.attention,
-                "layout_cache": cache,
+                "mode": mode,
                 "dispatch_ms": float(np.median(dispatch)) * 1e3,
                 "wall_ms": float(np.median(wall)) * 1e3,
                 **timeline(device_events(call, CALLS)),

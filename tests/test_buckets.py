@@ -148,6 +148,19 @@ def test_row_views_share_memory_and_outlive_their_parent():
     np.testing.assert_array_equal(odd, expected[3:8])
 
 
+def test_row_views_through_jax_private_dlpack_entry_points():
+    """The installed JAX still has the private DLPack entry points `row_view` takes (else every view pays the public
+    path's ~94 µs), and their view is the rows, on the parent's device and memory."""
+    from vitjax import buckets
+
+    x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
+    view = buckets._import_rows(x, 8, 20)
+    assert view is not None
+    assert view.devices() == x.devices()
+    assert view.unsafe_buffer_pointer() - x.unsafe_buffer_pointer() == 8 * 64
+    np.testing.assert_array_equal(view, np.asarray(x)[8:28])
+
+
 def test_device_resident_pixels(monkeypatch):
     """Pixels already on the device (the SGLang bridge's case) give the host path's outputs, and a new request
     size compiles nothing: full chunks are row views, the partial one is one executable per chunk size."""
