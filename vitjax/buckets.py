@@ -462,7 +462,8 @@ def row_view(array: jax.Array, start: int, rows: int) -> jax.Array:
     A compiled slice would be specialized to the row count, i.e. compiled once per image size; this view
     shares the parent's memory (JAX arrays are immutable, so sharing is safe). Rows that start off the
     alignment XLA expects (only with unusual output widths) are copied by the runtime instead; a platform
-    that refuses DLPack gets the compiled slice.
+    that refuses DLPack gets the compiled slice. Aligned views are made through JAX's private DLPack entry
+    points where this JAX has them (`_import_rows`, ~5x cheaper on the host), else through the public one.
     """
     if start == 0 and rows == array.shape[0]:
         return array
