@@ -429,32 +429,35 @@ class _Rows:
         return _cut_rows(self.array.__dlpack__(stream=stream), self.array, self.start, self.rows)
 
 
-_streams: dict[jax.Device, int | None] = {}
+try:  # JAX's private DLPack entry points, for `_import_rows` alone (same signatures in jax 0.10.2 and 0.11.2)
+    from jax._src.lib import _jax as _jaxlib
+
+    _to_capsule, _from_capsule = _jaxlib.buffer_to_dlpack_managed_tensor, _jaxlib.dlpack_managed_tensor_to_buffer
+except (ImportError, AttributeError):
+    _to_capsule = _from_capsule = None
+
+
+@functools.cache
+def _ready_stream(device: jax.Device) -> int | None:
+    """The stream a view's readiness is ordered on, as `jax.dlpack.from_dlpack` picks it (only GPUs have one)."""
+    try:
+        return device.get_stream_for_external_ready_events()
+    except jax.errors.JaxRuntimeError:
+        return None
 
 
 def _import_rows(array: jax.Array, start: int, rows: int) -> jax.Array | None:
-    """Rows of a one-device array as an array on its memory, through JAX's private DLPack entry points
-    (`buffer_to_dlpack_managed_tensor`, `dlpack_managed_tensor_to_buffer`; checked on jax 0.10.2 and 0.11.2), or
-    None where they are missing. The public `jax.dlpack.from_dlpack` spends ~94 µs a view on lookups and an
+    """Rows of a one-device array as an array on its memory, through JAX's private DLPack entry points, or None
+    where they are missing or refuse. The public `jax.dlpack.from_dlpack` spends ~94 µs a view on lookups and an
     array wrap, paid before a call starts for each of its device-resident pixel chunks (bench/NOTES.md)."""
-    try:
-        from jax._src.lib import _jax
-    except ImportError:
-        return None
     devices = array.devices()
-    if len(devices) != 1 or not hasattr(_jax, "dlpack_managed_tensor_to_buffer"):
+    if _from_capsule is None or len(devices) != 1:
         return None
     (device,) = devices
-    if device not in _streams:  # the stream the view's readiness is ordered on, as from_dlpack picks it
-        try:
-            _streams[device] = device.get_stream_for_external_ready_events()
-        except jax.errors.JaxRuntimeError:  # only GPUs have one
-            _streams[device] = None
-    stream = _streams[device]
+    stream = _ready_stream(device)
     try:
-        whole = _jax.buffer_to_dlpack_managed_tensor(array.addressable_data(0), stream=stream)
-        capsule = _cut_rows(whole, array, start, rows)
-        return _jax.dlpack_managed_tensor_to_buffer(capsule, device, stream, None, int(array.__dlpack_device__()[0]))
+        capsule = _cut_rows(_to_capsule(array.addressable_data(0), stream=stream), array, start, rows)
+        return _from_capsule(capsule, device, stream, None, int(array.__dlpack_device__()[0]))
     except Exception:  # what this runtime refuses here, the public path may still take
         return None
 
