@@ -1,15 +1,16 @@
 """Segment-masked attention on one GPU: each path's accuracy against the fp32 reference, and its speed.
 
 The Qwen3-VL workloads of the tower's buckets, 16 heads, forward, bf16: 20 frames of 4800 tokens (20 photos of
-960x1280, bucket 98,304 tokens / 64 slots), 20 mixed frames of 3584..5712 (98,304 / 32) and one 720p frame of
-3520 (bucket 3584 / 1). Every path that runs here (`fa4` where fa4-jax is installed on Hopper, `cudnn_packed`,
-`cudnn_padded`) is timed in the same process, in two alternating rounds (their spread is the noise), and checked
-on each workload against `reference` (fp32 scores and softmax): max abs error and ||out - ref|| / ||ref|| over the
-real rows. The correctness cases add odd frame sizes, a 2x2 frame, unused slots, tail padding and NaN in the
-padding rows (real rows must not see it). `--sweep` also runs the earlier studies: the cost of unused segment
-slots, and head_dim 72 zero-padded to 80/96/128 for cuDNN.
+960x1280, bucket 98,304 tokens / 64 slots), 20 mixed frames of 3584..5712 (98,304 / 32), one 720p frame of
+3520 (bucket 3584 / 1), and the 60 and 120 slices of 480 tokens of a 1- and a 2-minute video clip. Every path
+that runs here (`fa4` where fa4-jax is installed on Hopper, `cudnn_packed`, `cudnn_padded`) is timed in the
+same process, in two alternating rounds (their spread is the noise), and checked on each workload against
+`reference` (fp32 scores and softmax): max abs error and ||out - ref|| / ||ref|| over the real rows. The
+correctness cases add odd frame sizes, a 2x2 frame, unused slots, tail padding and NaN in the padding rows
+(real rows must not see it). `--sweep` also runs the earlier studies: the cost of unused segment slots, and
+head_dim 72 zero-padded to 80/96/128 for cuDNN; `--slots` the clips in buckets of up to 512 slots.
 
-    PYTHONPATH=. python bench/bench_attention.py [--impls fa4,cudnn_packed] [--head-dims 72,64] [--sweep]
+    PYTHONPATH=. python bench/bench_attention.py [--impls fa4,cudnn_packed] [--head-dims 72,64] [--sweep] [--slots]
 
 One JSON object per line, also appended to bench/results/<device>-<date>.jsonl; a short table last.
 """
@@ -37,7 +38,13 @@ CASES = {
     "20x4800": ([(1, 80, 60)] * 20, 98304, 64),
     "20xmixed": (MIXED, 98304, 32),
     "1x3520": ([(1, 44, 80)], 3584, 1),
+    # Videos at HF's defaults: a 1- and a 2-minute clip, 60 and 120 temporal slices of 16x30 patches (the tower's
+    # buckets: 32,768 tokens / 64 slots; 65,536 / 120, past the segment ladder).
+    "60x480": ([(1, 16, 30)] * 60, 32768, 64),
+    "120x480": ([(1, 16, 30)] * 120, 65536, 120),
 }
+# Segment slot counts priced for the clips (`--slots`): what a longer segment ladder would cost them.
+CLIP_SLOTS = {"60x480": (64, 128, 256, 512), "120x480": (120, 128, 256, 512)}
 PACKAGES = ("fa4-jax", "cutejax", "nvidia-cutlass-dsl", "jax-tvm-ffi", "apache-tvm-ffi")
 
 
@@ -142,6 +149,20 @@ def speed(impls: list[str], dims: list[int], emit) -> None:
             del ref
 
 
+def clip_slots(impls: list[str], emit) -> None:
+    """The clips in buckets with more segment slots than they use, each path in two rounds of rotating order."""
+    for name, counts in CLIP_SLOTS.items():
+        grids, tokens, _ = CASES[name]
+        useful = sum(t * (h * w) ** 2 for t, h, w in grids)
+        q, k, v = random_qkv(0, tokens, 72)
+        fns = {(impl, n): run_fn(impl, segments(grids, tokens, n, max_length=512)) for impl in impls for n in counts}
+        for rnd, (impl, n) in rotating_rounds(list(fns), 2):
+            ms = pipelined_ms(fns[impl, n], q, k, v)
+            row = {"bench": "attention_slots", "frames": name, "impl": impl, "head_dim": 72, "slots": n, "round": rnd}
+            tflops = round(4 * HEADS * 72 * useful / ms / 1e9, 1)
+            emit({**row, "ms_pipelined": round(ms, 4), "tflops_pipelined": tflops})
+
+
 def sweep(emit) -> None:
     """The first session's studies: unused segment slots, and cuDNN with head_dim 72 zero-padded."""
     for name in ("20x4800", "20xmixed"):
@@ -208,6 +229,7 @@ def main() -> None:
     ap.add_argument("--impls", default="fa4,cudnn_packed,cudnn_padded", help="paths to run, where they can")
     ap.add_argument("--head-dims", default="72,64", help="the first is timed on every workload, the rest on 20x4800")
     ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
+    ap.add_argument("--slots", action="store_true", help="also the clips in buckets with more segment slots")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     rows, emit = recorder("bench_attention", args.out)
@@ -216,6 +238,8 @@ def main() -> None:
     emit({"phase": "start", "impls": impls})
     correctness(impls, dims, emit)
     speed(impls, dims, emit)
+    if args.slots:
+        clip_slots([i for i in impls if i != "cudnn_padded"], emit)
     if args.sweep:
         sweep(emit)
     print(table(rows), flush=True)

@@ -46,14 +46,20 @@ from vitjax.model import TowerInputs  # noqa: E402
 PRESET = "qwen3-vl-8b"
 RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}
 MAIN = [("1x720p", 1, "720p"), ("8x1080p", 8, "1080p"), ("20x960x1280", 20, "960x1280")]
+# Videos at HF's Qwen3-VL defaults (2 frames a second, ~137k pixels a frame): clips of 60 s to 257 s, as many
+# temporal slices of 16x30 patches, each slice its own attention segment (`vitjax.preprocess.video_resized_size`).
+# The 65, 129 and 257 s clips sit just past a rung of the segment ladder (one slice a second).
+CLIPS = [(f"1x{t}s-clip", (t, 16, 30)) for t in (60, 65, 120, 129, 257)]
 SWEEP_COUNTS = (1, 2, 4, 8, 16, 32)
 SWEEP_RES = ("720p", "1080p", "2k")
 SHIPPED_TILES = dict(FA4_TILES)  # fa4 schedules as the library ships them (a run may set others)
 
 
-def workloads(sweep: bool, smoke: bool) -> list[tuple[str, list[tuple[int, int, int]]]]:
+def workloads(sweep: bool, smoke: bool, video: bool = False) -> list[tuple[str, list[tuple[int, int, int]]]]:
     res = {k: (1, h // 8 * 2, w // 8 * 2) for k, (_, h, w) in RESOLUTIONS.items()} if smoke else RESOLUTIONS
     items = [(name, [res[r]] * n) for name, n, r in MAIN]
+    if video:
+        items += [(name, [(t, h // 8 * 2, w // 8 * 2) if smoke else (t, h, w)]) for name, (t, h, w) in CLIPS]
     if sweep:
         items += [(f"{n}x{r}", [res[r]] * n) for r in SWEEP_RES for n in SWEEP_COUNTS]
     seen, out = set(), []
@@ -408,10 +414,17 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, attention, call cap, devices, workload): a later run of the same day supersedes
-    an earlier one."""
+    """The last row of each (impl, attention, call cap, segment ladder, devices, workload): a later run of the same
+    day supersedes an earlier one."""
     keys = {
-        (r.get("impl"), r.get("attention"), r.get("max_call_tokens"), _gpus(r), r.get("workload")): r
+        (
+            r.get("impl"),
+            r.get("attention"),
+            r.get("max_call_tokens"),
+            str(r.get("segments_ladder")),
+            _gpus(r),
+            r.get("workload"),
+        ): r
         for r in rows
         if r.get("impl")
     }
@@ -438,6 +451,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         label = r.get("attention", "") + (f" <={r['max_call_tokens']}" if r.get("max_call_tokens") else "")
+        label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
         lines.append(
             f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>20}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
@@ -479,6 +493,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--sweep", action="store_true", help="also 1..32 images at 720p, 1080p and 2K")
+    ap.add_argument("--video", action="store_true", help="also clips of 60 to 257 s at HF's video defaults")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
@@ -497,6 +512,11 @@ def main() -> None:
         default="0",
         help="vitjax runs: the token ladder cut at each of these (0: as shipped), comma-separated, so larger "
         "requests run as several calls",
+    )
+    ap.add_argument(
+        "--segment-ladders",
+        help="vitjax runs: segment-slot ladders, ';'-separated (e.g. '1,4,16,64;1,4,16,64,128,256,384'; default: "
+        "the shipped one); rows carry the ladder",
     )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
@@ -523,7 +543,7 @@ def main() -> None:
         with out_file.open("a") as f:
             f.write(line + "\n")
 
-    items = workloads(args.sweep, args.smoke)
+    items = workloads(args.sweep, args.smoke, args.video)
     most = max(sum(t * h * w for t, h, w in g) for _, g in items)
     pool = np.random.default_rng(0).standard_normal((most, 1536), dtype=np.float32)
     work = Path(tempfile.mkdtemp(prefix="vitjax-bench-"))
@@ -531,26 +551,29 @@ def main() -> None:
     weights = work / "weights"
     run_hf(cfg, weights, [] if args.no_hf else items, pool, emit)  # the weights come from the HF model
     infos = {}
+    ladders = [tuple(map(int, v.split(","))) for v in args.segment_ladders.split(";")] if args.segment_ladders else []
     for spec in args.devices.split(","):
         n = int(spec.removeprefix("sp"))
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
-        for impl in args.attention.split(",") if args.attention else [None]:
-            for cap in map(int, args.max_call_tokens.split(",")):
-                parts = not args.no_parts
-                info = run_vitjax(
-                    cfg,
-                    weights,
-                    items,
-                    pool,
-                    emit,
-                    parts,
-                    policy,
-                    **parallel,
-                    attention=impl,
-                    profile=args.profile,
-                    max_call_tokens=cap,
-                )
-                infos[spec] = info
+        for ladder in ladders or [None]:
+            base = policy or BucketPolicy()
+            run_policy = BucketPolicy(base.tokens, ladder, base.granule) if ladder else policy
+            run_emit = (lambda row, ladder=ladder: emit({**row, "segments_ladder": list(ladder)})) if ladder else emit
+            for impl in args.attention.split(",") if args.attention else [None]:
+                for cap in map(int, args.max_call_tokens.split(",")):
+                    infos[spec] = run_vitjax(
+                        cfg,
+                        weights,
+                        items,
+                        pool,
+                        run_emit,
+                        not args.no_parts,
+                        run_policy,
+                        **parallel,
+                        attention=impl,
+                        profile=args.profile,
+                        max_call_tokens=cap,
+                    )
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
     print(table(rows), flush=True)

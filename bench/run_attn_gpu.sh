@@ -11,7 +11,8 @@
 #     jax-tvm-ffi==0.1.3 apache-tvm-ffi==0.1.15.post2
 # each unzipped into one folder, less what nothing imports (tvm_ffi/3rdparty, the iket profiler, the aarch64
 # runtime stubs; libtvm_ffi_testing.so travels beside the archive), packed with `tar cf - . | xz --x86 --lzma2=preset=9e,dict=256MiB`
-# (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), TILES
+# (53 MiB). `unpack` puts it in $FA4_SITE. Settings: VIT_ATTENTION (bench_vit's --attention), ATTN_FLAGS (more flags
+# for bench_attention), TILES
 # (bench_fa4_tiles' --variants), BLOCK_VARIANTS (bench_block's --variants; "fa4=<schedule>" runs the shipped scan
 # with another fa4 schedule), TILE_FLAGS, BLOCK_FLAGS and VIT_FLAGS (more flags for bench_fa4_tiles, bench_block,
 # bench_vit), PROFILE_TILES (schedules ncu reads), PAIRS (bench_fa4_widths' --pairs).
@@ -82,9 +83,10 @@ for step in $STEPS; do
                 python3 -c "$PROFILE" "$tile"
         done ;;
     widths) run widths 240 python3 bench/bench_fa4_widths.py --out "$OUT/results" ${PAIRS:+--pairs "$PAIRS"} ;;
-    attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" ;;
+    attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" \
+        ${ATTN_FLAGS:-} ;;
     parity) run parity 300 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
-    vit) run vit 420 python3 bench/bench_vit.py --out "$OUT/results" --no-parts --no-warm-start \
+    vit) run vit 540 python3 bench/bench_vit.py --out "$OUT/results" --no-parts --no-warm-start \
         --attention "${VIT_ATTENTION:-cudnn_packed,fa4}" ${VIT_FLAGS:-} ;;
     *) echo "unknown step $step" ;;
     esac
