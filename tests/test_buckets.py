@@ -13,9 +13,10 @@ from conftest import TINY, pixels_for
 from flax import nnx
 
 import vitjax
-from vitjax import attention, layout
+from vitjax import attention, buckets, layout
 from vitjax.buckets import Bucket, BucketPolicy, enable_compilation_cache, row_view
 from vitjax.encoder import abstract_tower
+from vitjax.video import MAX_FRAMES
 
 CFG = TINY["hd72"]
 POLICY = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64)
@@ -70,9 +71,26 @@ def test_policy_fit_and_plan():
     assert [b for b, _ in plan] == [Bucket(256, 8), Bucket(320, 1), Bucket(64, 1)]
     assert [images for _, images in POLICY.plan([(1, 2, 2)] * 10)] == [list(range(8)), [8, 9]]
     assert POLICY.buckets() == [Bucket(64, 1), Bucket(128, 1), Bucket(256, 1)]  # frames of >= 256 patches
-    assert len(BucketPolicy().buckets()) == 71
+    assert len(BucketPolicy().buckets()) == 84
     with pytest.raises(ValueError, match="multiples of 4"):
         BucketPolicy(tokens=(6,))
+
+
+def test_default_sampled_videos_fit_the_segment_ladder():
+    """Every clip HF's sampling can give (up to MAX_FRAMES frames, two per slice) lands on a rung of the default
+    ladder, so no video length compiles an executable of its own; the images' buckets are as before."""
+    policy = BucketPolicy()
+    assert policy.segments[-1] == MAX_FRAMES // 2
+    fits = {t: policy.plan([(t, 16, 30)]) for t in (60, 65, 129, 257, MAX_FRAMES // 2)}
+    assert {t: [b for b, _ in plan] for t, plan in fits.items()} == {
+        60: [Bucket(32768, 64)],
+        65: [Bucket(32768, 128)],
+        129: [Bucket(65536, 256)],
+        257: [Bucket(131072, 384)],
+        384: [Bucket(184320, 384)],  # past the token ladder: dedicated tokens, a rung's slots
+    }
+    assert [b for b, _ in policy.plan([(1, 80, 60)] * 20)] == [Bucket(98304, 64)]
+    assert all(b in policy.buckets() for t in (65, 129, 257) for b, _ in fits[t])
 
 
 def test_bucketed_matches_unbucketed(enc):
@@ -151,8 +169,6 @@ def test_row_views_share_memory_and_outlive_their_parent():
 def test_row_views_through_jax_private_dlpack_entry_points():
     """The installed JAX still has the private DLPack entry points `row_view` takes (else every view pays the public
     path's ~94 µs), and their view is the rows, on the parent's device and memory."""
-    from vitjax import buckets
-
     x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
     view = buckets._import_rows(x, 8, 20)
     assert view is not None
@@ -164,8 +180,6 @@ def test_row_views_through_jax_private_dlpack_entry_points():
 def test_device_resident_pixels(monkeypatch):
     """Pixels already on the device (the SGLang bridge's case) give the host path's outputs, and a new request
     size compiles nothing: full chunks are row views, the partial one is one executable per chunk size."""
-    from vitjax import buckets
-
     monkeypatch.setattr(buckets, "MAX_CHUNK_ROWS", 16)  # several chunks per call even at these tiny sizes
     enc = _random_encoder()
     before = buckets._partial_chunk._cache_size()
@@ -183,8 +197,6 @@ def test_device_resident_pixels(monkeypatch):
 def test_call_layouts_stay_on_the_device(monkeypatch):
     """A call layout is copied to the device once and reused while among the `LAYOUT_CACHE` most recent; an
     evicted one is copied again. Its arrays are the host layout's, and the outputs do not change."""
-    from vitjax import buckets
-
     monkeypatch.setattr(buckets, "LAYOUT_CACHE", 2)
     enc = _random_encoder()
     engine = enc.parallel.engines[0]

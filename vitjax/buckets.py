@@ -42,8 +42,11 @@ CACHE_ENV = "VITJAX_CACHE_DIR"
 DEFAULT_TOKENS = tuple(512 * k for k in range(1, 9)) + tuple(
     1024 * k for k in (5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
 )
-# Unused segment slots are nearly free for cuDNN's packed path (256 slots for 20 frames: <= +4%, bench/NOTES.md).
-DEFAULT_SEGMENTS = (1, 4, 16, 64)
+# Segment slots: images, or a video's temporal slices (one a second at HF's defaults). Up to 384 = the slices of
+# `vitjax.video.MAX_FRAMES` frames, so no default-sampled clip needs an executable of its own: a dedicated
+# segment count costs a compile (~1 s) on the first clip of each length; unused slots cost fa4 and cuDNN a
+# little (a clip of 65 to 257 slices in a bucket of 128 to 384: <= +0.7% of the call, bench/NOTES.md).
+DEFAULT_SEGMENTS = (1, 4, 16, 64, 128, 256, 384)
 # Frames hold at least this many patches at Qwen3-VL's default min_pixels; the warm-up set assumes it.
 MIN_FRAME_TOKENS = 256
 # Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens), as given
