@@ -324,14 +324,21 @@ def test_cu_seqlens(grids, expected):
 
 
 def test_compilation_cache_directory(monkeypatch, tmp_path):
-    before = jax.config.jax_compilation_cache_dir
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
     try:
         jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         monkeypatch.setenv("VITJAX_CACHE_DIR", "off")
         assert enable_compilation_cache() is None
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
         monkeypatch.setenv("VITJAX_CACHE_DIR", str(tmp_path))
         assert enable_compilation_cache() == str(tmp_path) == jax.config.jax_compilation_cache_dir
+        # buckets that compile in under JAX's default second are kept too
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == buckets.CACHE_MIN_COMPILE_SECONDS < 1
         jax.config.update("jax_compilation_cache_dir", "/somewhere/of/the/users")
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 3.0)
         assert enable_compilation_cache() == "/somewhere/of/the/users"  # a user's own setting is kept
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 3.0
     finally:
-        jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])

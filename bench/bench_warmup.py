@@ -1,0 +1,98 @@
+"""What a server's start costs: `Encoder.warmup()` over the default bucket set, cold and from the persistent cache.
+
+The 8B tower (random weights, bf16, bf16 pixel rows as the SGLang bridge warms it) warms every bucket of the
+policy in a fresh process with an empty compilation cache, then again in a second process reading that cache,
+once per `--min-compile-s` (the shortest compile JAX persists, `buckets.CACHE_MIN_COMPILE_SECONDS`; JAX's own
+default is 1 s), each with its own cache. Each bucket's seconds are one JSON line; `--ladder` names the buckets a
+segment ladder would not have (`new`), so the rows also price a change of ladder.
+
+    PYTHONPATH=. python bench/bench_warmup.py [--ladder 1,4,16,64] [--min-compile-s 1,0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PRESET = "qwen3-vl-8b"
+
+
+def child(min_compile_s: float) -> None:
+    """One process: build the tower, warm every default bucket, print the seconds per bucket."""
+    start = time.perf_counter()
+    import vitjax
+    from vitjax import buckets
+
+    buckets.CACHE_MIN_COMPILE_SECONDS = min_compile_s
+
+    enc = vitjax.Encoder.random(PRESET)
+    built = time.perf_counter() - start
+    times = enc.warmup(pixel_dtype="bfloat16")
+    print("TIMES " + json.dumps({"built_s": built, "buckets": [[*b, s] for b, s in times.items()]}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ladder", default="1,4,16,64", help="the segment ladder to compare with (its buckets: new=false)")
+    ap.add_argument("--min-compile-s", default="1,0.2", help="thresholds to compare, comma-separated")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--child", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        child(args.child)
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_vit import versions
+
+    from vitjax.buckets import BucketPolicy
+
+    meta = {**versions(), "script": "bench_warmup"}
+    old = set(BucketPolicy(segments=tuple(map(int, args.ladder.split(",")))).buckets())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    out_file = out / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
+    for threshold, cache in ((float(v), c) for v in args.min_compile_s.split(",") for c in ("cold", "warm")):
+        if cache == "cold":
+            env = {**os.environ, "VITJAX_CACHE_DIR": tempfile.mkdtemp(prefix="vitjax-warmup-")}
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", str(threshold)], env=env, capture_output=True, text=True, check=False
+        )
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
+        if line is None:
+            raise SystemExit(f"the {cache} warm-up failed:\n{proc.stderr[-3000:]}")
+        found = json.loads(line[6:])
+        rows = [
+            {
+                "cache": cache,
+                "min_compile_s": threshold,
+                "tokens": t,
+                "segments": s,
+                "s": secs,
+                "new": (t, s) not in old,
+            }
+            for t, s, secs in found["buckets"]
+        ]
+        new = [r["s"] for r in rows if r["new"]]
+        summary = {
+            "cache": cache,
+            "min_compile_s": threshold,
+            "built_s": found["built_s"],
+            "buckets": len(rows),
+            "total_s": sum(r["s"] for r in rows),
+        }
+        summary.update(new_buckets=len(new), new_s=sum(new), ladder_compared=args.ladder)
+        summary["cache_files"] = sum(1 for f in Path(env["VITJAX_CACHE_DIR"]).rglob("*") if f.is_file())
+        with out_file.open("a") as f:
+            for row in [*rows, summary]:
+                f.write(json.dumps({**meta, **row}) + "\n")
+        print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
