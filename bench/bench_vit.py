@@ -291,9 +291,10 @@ def run_vitjax(
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
     impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
-    if impl == "fa4":
+    if impl in ("fa4", "auto"):
         schedule = SHIPPED_TILES.get(cfg.head_dim) if not tile else None if tile == "upstream" else Fa4Tile.parse(tile)
         set_fa4_tile(cfg.head_dim, schedule)
+    impl = "" if impl == "auto" else impl  # the machine's choice, per bucket, as the library makes it by default
     if max_call_tokens:
         policy = policy or BucketPolicy()
         policy = BucketPolicy(tuple(t for t in policy.tokens if t <= max_call_tokens), policy.segments, policy.granule)
@@ -504,8 +505,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--attention",
-        help="vitjax runs: attention paths, comma-separated (default: the automatic one); fa4:TILE (e.g. "
-        "fa4:128x176rs) or fa4:upstream runs fa4 with that schedule",
+        help="vitjax runs: attention paths, comma-separated (default, or 'auto': the automatic choice); fa4:TILE "
+        "(e.g. fa4:128x176rs) or fa4:upstream runs fa4 with that schedule",
     )
     ap.add_argument(
         "--max-call-tokens",

@@ -32,14 +32,14 @@ REQUESTS = [
 ]
 
 
-def _random_encoder():
+def _random_encoder(**kw):
     """Random fp32 weights drawn in numpy (initializing the Flax modules eagerly compiles dozens of ops)."""
     rng = np.random.default_rng(0)
     shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
     params = jax.tree_util.tree_map_with_path(
         lambda path, s: rng.standard_normal(s.shape, np.float32) * 0.1 + (path[-1].key == "scale"), shapes
     )
-    return vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY)
+    return vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +261,36 @@ def test_select_implementation():
     assert select("gpu", ["9.0", "8.0"], fa4, True) == "cudnn_padded"  # one Ampere device rules both out
     assert select("gpu", ["8.6"], fa4, True) == "cudnn_padded"
     assert select("gpu", ["9.0"], None, False) == "cudnn_padded"
+
+
+def test_bucket_implementation(monkeypatch):
+    """The automatic fa4 choice runs buckets past FA4_MAX_SEGMENTS slots (a video's slices) through cuDNN's packed
+    path where its entry point is usable; a path the caller named runs in every bucket."""
+    pick = attention.bucket_implementation
+    monkeypatch.setattr(attention, "_packed_entry", lambda: (None, None))
+    assert [pick("fa4", s, True) for s in (1, 64, 65, 384)] == ["fa4", "fa4", "cudnn_packed", "cudnn_packed"]
+    assert pick("fa4", 384, False) == "fa4"
+    assert [pick(impl, 384, True) for impl in ("cudnn_padded", "reference")] == ["cudnn_padded", "reference"]
+    monkeypatch.setattr(attention, "_packed_entry", lambda: None)
+    assert pick("fa4", 384, True) == "fa4"
+
+
+def test_engines_know_whether_the_path_was_named(monkeypatch):
+    """Each bucket's executable asks `bucket_implementation`, told whether the encoder's path was chosen for the
+    machine or named (by the caller or `$VITJAX_ATTENTION`)."""
+    asked = []
+
+    def record(impl, segments, automatic):
+        asked.append((impl, segments, automatic))
+        return impl
+
+    monkeypatch.setattr(buckets, "bucket_implementation", record)
+    monkeypatch.delenv(attention.ENV_VAR, raising=False)
+    _random_encoder().parallel.engines[0].executable(Bucket(64, 8))
+    _random_encoder(attention="reference").parallel.engines[0].executable(Bucket(64, 8))
+    monkeypatch.setenv(attention.ENV_VAR, "reference")
+    _random_encoder().parallel.engines[0].executable(Bucket(64, 8))
+    assert asked == [("reference", 8, True), ("reference", 8, False), ("reference", 8, False)]
 
 
 def test_fa4_needs_its_package():

@@ -32,6 +32,10 @@ import jax.numpy as jnp
 
 IMPLEMENTATIONS = ("fa4", "cudnn_packed", "cudnn_padded", "reference")
 ENV_VAR = "VITJAX_ATTENTION"
+# Buckets of more segment slots than this hold a video's temporal slices (~480 patches each at HF's defaults), where
+# fa4's 192 x 112 tiles compute ~30% padding and its scheduler pays for every unused slot: the automatic choice gives
+# them to cuDNN's packed path, 2-5% faster on such towers on an H200 (bench/NOTES.md).
+FA4_MAX_SEGMENTS = 64
 # JAX releases on which the private packed entry point was run and checked against the reference on a GPU.
 CUDNN_PACKED_VERIFIED = ("0.11.2",)
 # fa4-jax releases whose Hopper kernel was run and checked against the reference on a GPU.
@@ -148,6 +152,15 @@ def default_implementation() -> str:
     """`$VITJAX_ATTENTION` if set, else `select_implementation` for this process's devices and packages."""
     chosen = os.environ.get(ENV_VAR)
     return check_implementation(chosen) if chosen else _auto()
+
+
+def bucket_implementation(impl: str, segments: int, automatic: bool) -> str:
+    """The path a bucket of `segments` slots runs: `impl`, except that the automatic fa4 choice leaves buckets past
+    `FA4_MAX_SEGMENTS` slots to cudnn_packed where JAX's entry point for it is usable. A path named by the caller
+    (or `$VITJAX_ATTENTION`) runs in every bucket."""
+    if automatic and impl == "fa4" and segments > FA4_MAX_SEGMENTS and _packed_entry() is not None:
+        return "cudnn_packed"
+    return impl
 
 
 def cudnn_packed_available() -> bool:

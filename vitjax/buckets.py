@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from vitjax import layout
-from vitjax.attention import Segments
+from vitjax.attention import Segments, bucket_implementation
 from vitjax.config import VisionConfig
 from vitjax.model import TowerInputs
 
@@ -176,7 +176,8 @@ class Engine:
     It runs on one device, or on a group of devices with Ulysses sequence parallelism: each device holds
     the weights and a contiguous 1/n of every call's tokens (of the pixels, the layout and the activations),
     and around attention an all-to-all gives each device all tokens of 1/n of the heads. Outputs are
-    gathered on the group's first device.
+    gathered on the group's first device. With `automatic` (`impl` was chosen for the machine, not named) each
+    bucket runs `attention.bucket_implementation`'s path.
     """
 
     def __init__(
@@ -187,8 +188,9 @@ class Engine:
         impl: str,
         policy: BucketPolicy | None = None,
         devices: Sequence[jax.Device] | None = None,
+        automatic: bool = False,
     ):
-        self.cfg, self.impl = cfg, impl
+        self.cfg, self.impl, self.automatic = cfg, impl, automatic
         self.policy = policy or BucketPolicy()
         self.devices = list(devices or jax.local_devices()[:1])
         n = len(self.devices)
@@ -247,7 +249,8 @@ class Engine:
                 spec((m,), np.int32, split=False),
             )
             seq_axis = None if self._mesh is None else "seq"
-            fn = functools.partial(_program, self._graph, self.impl, max_length, seq_axis)
+            impl = bucket_implementation(self.impl, m, self.automatic)
+            fn = functools.partial(_program, self._graph, impl, max_length, seq_axis)
             if self._mesh is not None:
                 P = jax.sharding.PartitionSpec
                 fn = jax.shard_map(

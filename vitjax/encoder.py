@@ -72,7 +72,9 @@ class Encoder:
     `model_id` names the weights in the embedding cache's keys (a path, a seed); `cache_bytes` bounds
     the per-image cache (0 disables it); `devices` (a count, "all" or a list; default the first local
     device) each hold the weights: groups of `sequence_parallel` devices share every call's tokens
-    (Ulysses), and the groups split each request's images between them (data parallel).
+    (Ulysses), and the groups split each request's images between them (data parallel). `attention` names
+    the path for every call (`vitjax.attention.IMPLEMENTATIONS`); by default it is chosen for the machine, and
+    where that is fa4, buckets of many segments (a video's slices) run cuDNN's packed path.
     """
 
     def __init__(
@@ -100,7 +102,8 @@ class Encoder:
         self._graph, self._state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
         groups = device_groups(picked, sequence_parallel)
-        engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group) for group in groups]
+        automatic = attention is None and not os.environ.get(ATTENTION_ENV)
+        engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group, automatic) for group in groups]
         self.parallel = DataParallel(engines)
         self._dali: dali.DaliRows | None = None  # built on first use of decoder="dali"
         self._dali_lock = threading.Lock()
