@@ -53,6 +53,12 @@ def segments(grids, tokens, slots, max_length=0) -> attention.Segments:
     return attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=max_length)
 
 
+def case_segments(grids, tokens, slots) -> attention.Segments:
+    """A case's segments, with the padded path's row length the longest frame rounded up to 128."""
+    longest = max(h * w for _, h, w in grids)
+    return segments(grids, tokens, slots, max_length=-(-longest // 128) * 128)
+
+
 def timed(fn, *args, reps: int = 10) -> float:
     jax.block_until_ready(fn(*args))
     times = []
@@ -130,8 +136,7 @@ def speed(impls: list[str], dims: list[int], emit) -> None:
     """Each workload: the fp32 reference once, then every path in two rounds of rotating order."""
     for name, (grids, tokens, slots) in CASES.items():
         useful = sum(t * (h * w) ** 2 for t, h, w in grids)
-        longest = max(h * w for _, h, w in grids)
-        seg = segments(grids, tokens, slots, max_length=-(-longest // 128) * 128)
+        seg = case_segments(grids, tokens, slots)
         real = np.asarray(seg.ids) >= 0
         for dim in dims if name == "20x4800" else dims[:1]:
             q, k, v = random_qkv(dim, tokens, dim)
@@ -155,7 +160,7 @@ def clip_slots(impls: list[str], emit) -> None:
         grids, tokens, _ = CASES[name]
         useful = sum(t * (h * w) ** 2 for t, h, w in grids)
         q, k, v = random_qkv(0, tokens, 72)
-        fns = {(impl, n): run_fn(impl, segments(grids, tokens, n, max_length=512)) for impl in impls for n in counts}
+        fns = {(impl, n): run_fn(impl, case_segments(grids, tokens, n)) for impl in impls for n in counts}
         for rnd, (impl, n) in rotating_rounds(list(fns), 2):
             ms = pipelined_ms(fns[impl, n], q, k, v)
             row = {"bench": "attention_slots", "frames": name, "impl": impl, "head_dim": 72, "slots": n, "round": rnd}
@@ -168,13 +173,11 @@ def sweep(emit) -> None:
     for name in ("20x4800", "20xmixed"):
         grids, tokens, _ = CASES[name]
         useful = sum((h * w) ** 2 for _, h, w in grids)
-        longest = max(h * w for _, h, w in grids)
         for dim in (72, 64):
             q, k, v = random_qkv(0, tokens, dim)
             for slots in (20, 32, 64, 256) if name == "20x4800" else (32,):
                 for impl in ("cudnn_packed", "cudnn_padded"):
-                    seg = segments(grids, tokens, slots, max_length=-(-longest // 128) * 128)
-                    t = timed(run_fn(impl, seg), q, k, v)
+                    t = timed(run_fn(impl, case_segments(grids, tokens, slots)), q, k, v)
                     row = {"bench": "attention_slots", "frames": name, "impl": impl, "head_dim": dim, "slots": slots}
                     emit({**row, "ms": round(t * 1e3, 3), "tflops": round(4 * HEADS * dim * useful / t / 1e12, 1)})
         q, k, v = random_qkv(0, tokens, 72)

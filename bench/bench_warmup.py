@@ -3,7 +3,8 @@
 The 8B tower (random weights, bf16, bf16 pixel rows as the SGLang bridge warms it) warms every bucket of the
 policy in a fresh process with an empty compilation cache, then again in a second process reading that cache,
 once per `--min-compile-s` (the shortest compile JAX persists, `buckets.CACHE_MIN_COMPILE_SECONDS`; JAX's own
-default is 1 s), each with its own cache. Each bucket's seconds are one JSON line; `--ladder` names the buckets a
+default is 1 s), each with its own cache. Each bucket's seconds are one JSON line (printed and
+appended to bench/results/<device>-<date>.jsonl), then each process's sums; `--ladder` names the buckets a
 segment ladder would not have (`new`), so the rows also price a change of ladder.
 
     PYTHONPATH=. python bench/bench_warmup.py [--ladder 1,4,16,64] [--min-compile-s 1,0.2]
@@ -48,15 +49,12 @@ def main() -> None:
         child(args.child)
         return
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_vit import versions
+    from bench_attention import recorder
 
     from vitjax.buckets import BucketPolicy
 
-    meta = {**versions(), "script": "bench_warmup"}
+    _, emit = recorder("bench_warmup", args.out)
     old = set(BucketPolicy(segments=tuple(map(int, args.ladder.split(",")))).buckets())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    out_file = out / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
     for threshold, cache in ((float(v), c) for v in args.min_compile_s.split(",") for c in ("cold", "warm")):
         if cache == "cold":
             env = {**os.environ, "VITJAX_CACHE_DIR": tempfile.mkdtemp(prefix="vitjax-warmup-")}
@@ -88,10 +86,8 @@ def main() -> None:
         }
         summary.update(new_buckets=len(new), new_s=sum(new), ladder_compared=args.ladder)
         summary["cache_files"] = sum(1 for f in Path(env["VITJAX_CACHE_DIR"]).rglob("*") if f.is_file())
-        with out_file.open("a") as f:
-            for row in [*rows, summary]:
-                f.write(json.dumps({**meta, **row}) + "\n")
-        print(json.dumps(summary), flush=True)
+        for row in [*rows, summary]:
+            emit(row)
 
 
 if __name__ == "__main__":
