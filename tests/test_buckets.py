@@ -308,17 +308,13 @@ def test_fa4_needs_its_package():
         ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
         ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
         ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
-        ("192x112rs3p", attention.Fa4Tile(192, 112, True, 3, persistent=True)),
-        ("192x144ssp", attention.Fa4Tile(192, 144, False, 2, persistent=True)),
     ],
 )
 def test_fa4_tile_names(text, tile):
     assert attention.Fa4Tile.parse(text) == tile and str(tile) == text
 
 
-@pytest.mark.parametrize(
-    "text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x", "192x144pss", "192x144ssp3"]
-)
+@pytest.mark.parametrize("text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x"])
 def test_fa4_tile_bad_names(text):
     with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
         attention.Fa4Tile.parse(text)
@@ -376,16 +372,3 @@ def test_compilation_cache_directory(monkeypatch, tmp_path):
     finally:
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
-
-
-def test_fa4_persistent_edits_need_their_source():
-    """The persistent blocks are exact edits to fa4-jax's Hopper forward: each must match once, or nothing is built."""
-    from vitjax import fa4_persistent
-
-    source = "".join(old for old, _, _ in fa4_persistent.EDITS)
-    edited = fa4_persistent.edited_source(source)
-    assert "storage.sO\n" in edited and "TileScheduler = PersistentVarlenScheduler" in edited
-    assert edited.endswith(fa4_persistent.SCHEDULER) and "= SingleTileVarlenScheduler\n" not in edited
-    with pytest.raises(RuntimeError, match="sP_struct = .* occurs 0 times, expected 1"):
-        fa4_persistent.edited_source(source.replace("sP_struct = ", "sP_struct=", 1))
-    assert fa4_persistent.o_tile_bytes(192, 72) == 192 * 80 * 2  # 72 padded to 80, already 1 KiB aligned

@@ -8,8 +8,8 @@ unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller
 - `fa4`: FlashAttention-4's Hopper (SM90) forward from the `fa4-jax` package (optional extra `fa4`) on the packed
   sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy).
   The default on Hopper where installed (`bench/NOTES.md` has the measurements), pinned like the cuDNN entry
-  point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages,
-  persistent blocks) is ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
+  point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages) is
+  ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
 - `cudnn_packed`: cuDNN flash attention on the packed `[1, T, heads, head_dim]` sequence with per-segment
   offsets and lengths (its ragged "THD" layout). Only JAX's private cuDNN module exposes offsets, so the
   import is guarded and pinned to the JAX versions it was verified on.
@@ -46,36 +46,30 @@ FA4_VERIFIED = ("0.1.0",)
 class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
-    memory ('ss'), and `stages` K/V buffers; `persistent`: one thread block per SM walks the row blocks
-    (`vitjax.fa4_persistent`). Written like "192x144ss", "128x176rs3" (stages when not 2) or "192x112rs3p"."""
+    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
 
     m: int
     n: int
     p_in_registers: bool
     stages: int = 2
-    persistent: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(p?)", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
         if found is None:
-            raise ValueError(
-                f"fa4 tile {text!r}: expected MxN, rs or ss, then stages and p if any, e.g. 192x144ss or 192x112rs3p"
-            )
-        m, n, mode, stages, persistent = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), persistent == "p")
+            raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
+        m, n, mode, stages = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2))
 
     def __str__(self) -> str:
-        stages = self.stages if self.stages != 2 else ""
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{'p' if self.persistent else ''}"
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
 
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). At head_dim
 # 72 (the 8B-and-larger towers), P in registers with 112 keys a step and 3 K/V stages: 2-5% faster than FA3's
 # 192x144ss (P through shared memory) alone, -0.8% on the 20-photo scan, same errors (H200, `bench_fa4_tiles.py`,
 # bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
-# Persistent thread blocks on top ('p'): another -2.7% alone, -0.7% on the 20-photo tower, exact (H200, 2026-11-24).
-FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, persistent=True)}
+FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3)}
 
 
 @functools.partial(
@@ -119,11 +113,6 @@ def fa4_version() -> str | None:
 
 def _capabilities() -> list[str]:
     return [str(getattr(d, "compute_capability", "0")) for d in jax.local_devices()]
-
-
-def _sm_count() -> int:
-    """The GPU's SMs (the persistent fa4 grid); 132, an H100's or H200's, where JAX sees no GPU (offline builds)."""
-    return min((d.core_count for d in jax.local_devices() if d.platform == "gpu"), default=132)
 
 
 def select_implementation(backend: str, capabilities: list[str], fa4_release: str | None, packed_entry: bool) -> str:
@@ -305,17 +294,9 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int
 
     threads = (tile.m // 64 + 1) * 128  # one MMA warpgroup per 64 rows, plus the producer's
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
-    kernel, capacity = FlashAttentionForwardSm90, None
-    if tile.persistent:
-        import cutlass.utils
-
-        from vitjax.fa4_persistent import o_tile_bytes, persistent_forward_class
-
-        kernel = persistent_forward_class(_sm_count())
-        capacity = cutlass.utils.get_smem_capacity_in_bytes("sm_90") - o_tile_bytes(tile.m, head_dim)
-    if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers, smem_capacity=capacity):
+    if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    return kernel(
+    return FlashAttentionForwardSm90(
         dtype,
         head_dim,
         head_dim,
