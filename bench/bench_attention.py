@@ -8,9 +8,11 @@ same process, in two alternating rounds (their spread is the noise), and checked
 `reference` (fp32 scores and softmax): max abs error and ||out - ref|| / ||ref|| over the real rows. The
 correctness cases add odd frame sizes, a 2x2 frame, unused slots, tail padding and NaN in the padding rows
 (real rows must not see it). `--sweep` also runs the earlier studies: the cost of unused segment slots, and
-head_dim 72 zero-padded to 80/96/128 for cuDNN; `--slots` the clips in buckets of up to 512 slots.
+head_dim 72 zero-padded to 80/96/128 for cuDNN; `--slots` the clips in buckets of up to 512 slots;
+`--many` calls of more than 64 frames (many images, a clip) in their default buckets.
 
     PYTHONPATH=. python bench/bench_attention.py [--impls fa4,cudnn_packed] [--head-dims 72,64] [--sweep] [--slots]
+        [--many]
 
 One JSON object per line, also appended to bench/results/<device>-<date>.jsonl; a short table last.
 """
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from bench_vit import versions  # bench/ is on sys.path when run as a script
 
-from vitjax import attention, layout
+from vitjax import attention, buckets, layout
 
 HEADS = 16
 MIXED = [(1, 56, 64 + 2 * i) for i in range(20)]  # 3584 .. 5712 tokens per frame, 92,960
@@ -45,6 +47,19 @@ CASES = {
 }
 # Segment slot counts priced for the clips (`--slots`): what a longer segment ladder would cost them.
 CLIP_SLOTS = {"60x480": (64, 128, 256, 512), "120x480": (120, 128, 256, 512)}
+# Calls of more than 64 frames (`--many`): many images of one request, or a clip's slices, each in the bucket the
+# default policy gives it (tokens per slot in brackets), where the automatic choice runs cuDNN packed, not fa4.
+MANY = {
+    "200x256": [(1, 16, 16)] * 200,  # 256x256 images: 61,440 / 256 (240)
+    "120x480": [(1, 16, 30)] * 120,  # a 2-minute clip: 61,440 / 128 (480)
+    "128x576": [(1, 24, 24)] * 128,  # 384x384: 81,920 / 128 (640)
+    "80x1200": [(1, 30, 40)] * 80,  # 480x640: 98,304 / 128 (768)
+    "200x640": [(1, 20, 32)] * 200,  # 320x512: 131,072 / 256 (512)
+    "100x1024": [(1, 32, 32)] * 100,  # 512x512: 131,072 / 128 (1,024)
+    "65x1536": [(1, 32, 48)] * 65,  # 512x768: 131,072 / 128 (1,024)
+    # 100 frames of 16..48 x 16..48 patches (even sides), ~1,000 on average: 131,072 / 128
+    "100xmixed": [(1, int(h), int(w)) for h, w in 2 * np.random.default_rng(7).integers(8, 25, (100, 2))],
+}
 PACKAGES = ("fa4-jax", "cutejax", "nvidia-cutlass-dsl", "jax-tvm-ffi", "apache-tvm-ffi")
 
 
@@ -168,6 +183,26 @@ def clip_slots(impls: list[str], emit) -> None:
             emit({**row, "ms_pipelined": round(ms, 4), "tflops_pipelined": tflops})
 
 
+def many_frames(impls: list[str], emit, rounds: int = 3) -> None:
+    """`MANY` in their default buckets: every path checked against the reference, then timed in rotating rounds."""
+    policy = buckets.BucketPolicy()
+    for name, grids in MANY.items():
+        tokens, slots = policy.fit(sum(h * w for _, h, w in grids), len(grids))
+        useful = sum((h * w) ** 2 for _, h, w in grids)
+        seg = case_segments(grids, tokens, slots)
+        real = np.asarray(seg.ids) >= 0
+        q, k, v = random_qkv(1, tokens, 72)
+        ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
+        fns = {impl: run_fn(impl, seg) for impl in impls}
+        acc = {impl: errors(fn(q, k, v), ref, real) for impl, fn in fns.items()}
+        for rnd, impl in rotating_rounds(list(fns), rounds):
+            ms = pipelined_ms(fns[impl], q, k, v)
+            row = {"bench": "attention_many", "frames": name, "impl": impl, "head_dim": 72, "tokens": tokens}
+            row.update(slots=slots, round=rnd, ms_pipelined=round(ms, 4))
+            emit({**row, "tflops_pipelined": round(4 * HEADS * 72 * useful / ms / 1e9, 1), **acc[impl]})
+        del ref
+
+
 def sweep(emit) -> None:
     """The first session's studies: unused segment slots, and cuDNN with head_dim 72 zero-padded."""
     for name in ("20x4800", "20xmixed"):
@@ -233,6 +268,7 @@ def main() -> None:
     ap.add_argument("--head-dims", default="72,64", help="the first is timed on every workload, the rest on 20x4800")
     ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
     ap.add_argument("--slots", action="store_true", help="also the clips in buckets with more segment slots")
+    ap.add_argument("--many", action="store_true", help="also calls of more than 64 frames, in their buckets")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     rows, emit = recorder("bench_attention", args.out)
@@ -241,6 +277,8 @@ def main() -> None:
     emit({"phase": "start", "impls": impls})
     correctness(impls, dims, emit)
     speed(impls, dims, emit)
+    if args.many:
+        many_frames([i for i in impls if i != "cudnn_padded"], emit)
     if args.slots:
         clip_slots([i for i in impls if i != "cudnn_padded"], emit)
     if args.sweep:

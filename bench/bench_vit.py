@@ -50,16 +50,28 @@ MAIN = [("1x720p", 1, "720p"), ("8x1080p", 8, "1080p"), ("20x960x1280", 20, "960
 # temporal slices of 16x30 patches, each slice its own attention segment (`vitjax.preprocess.video_resized_size`).
 # The 65, 129 and 257 s clips sit just past a rung of the segment ladder (one slice a second).
 CLIPS = [(f"1x{t}s-clip", (t, 16, 30)) for t in (60, 65, 120, 129, 257)]
+# Requests of more than 64 images (`--many`), each one call in a bucket of 128 or 256 slots: (name, count, grid).
+MANY = [
+    ("200x256x256", 200, (1, 16, 16)),
+    ("128x384x384", 128, (1, 24, 24)),
+    ("80x480x640", 80, (1, 40, 30)),
+    ("100x512x512", 100, (1, 32, 32)),
+    ("65x512x768", 65, (1, 48, 32)),
+]
 SWEEP_COUNTS = (1, 2, 4, 8, 16, 32)
 SWEEP_RES = ("720p", "1080p", "2k")
 SHIPPED_TILES = dict(FA4_TILES)  # fa4 schedules as the library ships them (a run may set others)
 
 
-def workloads(sweep: bool, smoke: bool, video: bool = False) -> list[tuple[str, list[tuple[int, int, int]]]]:
+def workloads(
+    sweep: bool, smoke: bool, video: bool = False, many: bool = False
+) -> list[tuple[str, list[tuple[int, int, int]]]]:
     res = {k: (1, h // 8 * 2, w // 8 * 2) for k, (_, h, w) in RESOLUTIONS.items()} if smoke else RESOLUTIONS
     items = [(name, [res[r]] * n) for name, n, r in MAIN]
     if video:
         items += [(name, [(t, h // 8 * 2, w // 8 * 2) if smoke else (t, h, w)]) for name, (t, h, w) in CLIPS]
+    if many:
+        items += [(name, [(1, h // 8 * 2, w // 8 * 2) if smoke else (t, h, w)] * n) for name, n, (t, h, w) in MANY]
     if sweep:
         items += [(f"{n}x{r}", [res[r]] * n) for r in SWEEP_RES for n in SWEEP_COUNTS]
     seen, out = set(), []
@@ -495,6 +507,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--sweep", action="store_true", help="also 1..32 images at 720p, 1080p and 2K")
     ap.add_argument("--video", action="store_true", help="also clips of 60 to 257 s at HF's video defaults")
+    ap.add_argument("--many", action="store_true", help="also requests of 65 to 200 images of one size")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
@@ -544,7 +557,7 @@ def main() -> None:
         with out_file.open("a") as f:
             f.write(line + "\n")
 
-    items = workloads(args.sweep, args.smoke, args.video)
+    items = workloads(args.sweep, args.smoke, args.video, args.many)
     most = max(sum(t * h * w for t, h, w in g) for _, g in items)
     pool = np.random.default_rng(0).standard_normal((most, 1536), dtype=np.float32)
     work = Path(tempfile.mkdtemp(prefix="vitjax-bench-"))
