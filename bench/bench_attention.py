@@ -50,14 +50,14 @@ CLIP_SLOTS = {"60x480": (64, 128, 256, 512), "120x480": (120, 128, 256, 512)}
 # Calls of more than 64 frames (`--many`): many images of one request, or a clip's slices, each in the bucket the
 # default policy gives it (tokens per slot in brackets), where the automatic choice runs cuDNN packed, not fa4.
 MANY = {
-    "200x256": [(1, 16, 16)] * 200,  # 256x256 images: 61,440 / 256 (240)
-    "120x480": [(1, 16, 30)] * 120,  # a 2-minute clip: 61,440 / 128 (480)
+    "200x256": [(1, 16, 16)] * 200,  # 256x256 images: 65,536 / 256 (256)
+    "120x480": CASES["120x480"][0],  # a 2-minute clip: 65,536 / 128 (512)
     "128x576": [(1, 24, 24)] * 128,  # 384x384: 81,920 / 128 (640)
     "80x1200": [(1, 30, 40)] * 80,  # 480x640: 98,304 / 128 (768)
     "200x640": [(1, 20, 32)] * 200,  # 320x512: 131,072 / 256 (512)
     "100x1024": [(1, 32, 32)] * 100,  # 512x512: 131,072 / 128 (1,024)
     "65x1536": [(1, 32, 48)] * 65,  # 512x768: 131,072 / 128 (1,024)
-    # 100 frames of 16..48 x 16..48 patches (even sides), ~1,000 on average: 131,072 / 128
+    # 100 frames of 16..48 x 16..48 patches (even sides), ~1,060 on average: 131,072 / 128
     "100xmixed": [(1, int(h), int(w)) for h, w in 2 * np.random.default_rng(7).integers(8, 25, (100, 2))],
 }
 PACKAGES = ("fa4-jax", "cutejax", "nvidia-cutlass-dsl", "jax-tvm-ffi", "apache-tvm-ffi")
@@ -127,6 +127,14 @@ def run_fn(impl: str, seg: attention.Segments):
     return jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))
 
 
+def checked(impls: list[str], seg: attention.Segments, q, k, v) -> tuple[dict, dict]:
+    """Each path's jitted call and its errors against the fp32 reference on (q, k, v)."""
+    real = np.asarray(seg.ids) >= 0
+    ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
+    fns = {impl: run_fn(impl, seg) for impl in impls}
+    return fns, {impl: errors(fn(q, k, v), ref, real) for impl, fn in fns.items()}
+
+
 def correctness(impls: list[str], dims: list[int], emit) -> None:
     """Odd frames, a 2x2 frame, unused slots, tail padding; one frame in a one-slot bucket; then NaN padding."""
     for dim in dims:
@@ -152,12 +160,9 @@ def speed(impls: list[str], dims: list[int], emit) -> None:
     for name, (grids, tokens, slots) in CASES.items():
         useful = sum(t * (h * w) ** 2 for t, h, w in grids)
         seg = case_segments(grids, tokens, slots)
-        real = np.asarray(seg.ids) >= 0
         for dim in dims if name == "20x4800" else dims[:1]:
             q, k, v = random_qkv(dim, tokens, dim)
-            ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
-            fns = {impl: run_fn(impl, seg) for impl in impls}
-            acc = {impl: errors(fn(q, k, v), ref, real) for impl, fn in fns.items()}
+            fns, acc = checked(impls, seg, q, k, v)
             for rnd, impl in rotating_rounds(list(fns), 2):
                 t = timed(fns[impl], q, k, v)
                 ms = pipelined_ms(fns[impl], q, k, v)
@@ -166,7 +171,6 @@ def speed(impls: list[str], dims: list[int], emit) -> None:
                 row.update(tflops=round(4 * HEADS * dim * useful / t / 1e12, 1))
                 row.update(tflops_pipelined=round(4 * HEADS * dim * useful / ms / 1e9, 1), **acc[impl])
                 emit(row)
-            del ref
 
 
 def clip_slots(impls: list[str], emit) -> None:
@@ -189,18 +193,13 @@ def many_frames(impls: list[str], emit, rounds: int = 3) -> None:
     for name, grids in MANY.items():
         tokens, slots = policy.fit(sum(h * w for _, h, w in grids), len(grids))
         useful = sum((h * w) ** 2 for _, h, w in grids)
-        seg = case_segments(grids, tokens, slots)
-        real = np.asarray(seg.ids) >= 0
         q, k, v = random_qkv(1, tokens, 72)
-        ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
-        fns = {impl: run_fn(impl, seg) for impl in impls}
-        acc = {impl: errors(fn(q, k, v), ref, real) for impl, fn in fns.items()}
+        fns, acc = checked(impls, case_segments(grids, tokens, slots), q, k, v)
         for rnd, impl in rotating_rounds(list(fns), rounds):
             ms = pipelined_ms(fns[impl], q, k, v)
             row = {"bench": "attention_many", "frames": name, "impl": impl, "head_dim": 72, "tokens": tokens}
             row.update(slots=slots, round=rnd, ms_pipelined=round(ms, 4))
             emit({**row, "tflops_pipelined": round(4 * HEADS * 72 * useful / ms / 1e9, 1), **acc[impl]})
-        del ref
 
 
 def sweep(emit) -> None:
