@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from vitjax import layout
 from vitjax.attention import Segments
 from vitjax.layer_norm import one_pass, pieces, rows_per_program
 from vitjax.model import GEMM_WIDTH_MULTIPLE, _LayerNorm, apply_rotary, rotary_tables
+from vitjax.taps import PIECE, in_place, skipping
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +133,20 @@ def test_one_pass_layer_norm_matches_xla(width, dtype):
     got = np.asarray(one_pass(x, norm.scale[...], norm.bias[...], norm.epsilon, interpret=True), np.float32)
     assert_close_to_scale(got, ref, rel=2**-8 if dtype == jnp.bfloat16 else 1e-6)
     np.testing.assert_array_equal(np.asarray(jax.jit(norm)(x)), np.asarray(jax.jit(norm.xla)(x)))
+
+
+@pytest.mark.parametrize("rows, dtype", [(64, jnp.bfloat16), (3 * 64, jnp.float32)])
+def test_tap_write_in_place_matches_dynamic_update(rows, dtype):
+    """The GPU tap write's kernel (run by Pallas' interpreter) and XLA's form put a block's output in its slot and
+    leave the other slots, and the whole buffer for a block that is no tap (slot K), as they were."""
+    taps, width = 3, 2 * PIECE // 64  # rows * width: one program of two pieces, or three programs
+    tapped = jax.random.normal(jax.random.key(0), (taps, rows, width)).astype(dtype)
+    h = jax.random.normal(jax.random.key(1), (rows, width)).astype(dtype)
+    for slot in range(taps + 1):
+        want = np.asarray(tapped.at[slot].set(h) if slot < taps else tapped, np.float32)
+        for write in (functools.partial(in_place, interpret=True), skipping):
+            got = jax.jit(write)(tapped, h, jnp.int32(slot))
+            np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
 
 @pytest.mark.parametrize("index", [0, -1])

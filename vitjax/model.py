@@ -17,6 +17,7 @@ from flax import nnx
 from vitjax.attention import Segments, attention
 from vitjax.config import VisionConfig
 from vitjax.layer_norm import layer_norm
+from vitjax.taps import write as tap_write
 
 F32 = jnp.float32
 
@@ -209,7 +210,7 @@ class VisionTower(nnx.Module):
 
     def run_blocks(self, x: jax.Array, inputs: TowerInputs, impl: str = "reference") -> tuple[jax.Array, jax.Array]:
         """All blocks under one `scan` (one block compiled). Returns the last hidden state and the deepstack taps
-        `[K+1, T, D]`: each block writes its output to a slot, its deepstack index or the spare last slot."""
+        `[K, T, D]`: tap blocks write their output to their slot (`vitjax.taps`), the others to none (slot K)."""
         cfg = self.cfg
         cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
         taps = len(cfg.deepstack_visual_indexes)
@@ -221,9 +222,9 @@ class VisionTower(nnx.Module):
             h, tapped = carry
             block_params, slot = xs
             h = nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl)
-            return (h, jax.lax.dynamic_update_index_in_dim(tapped, h, slot, 0)), None
+            return (h, tap_write(tapped, h, slot) if taps else tapped), None
 
-        tapped = jnp.zeros((taps + 1, *x.shape), x.dtype)
+        tapped = jnp.zeros((taps, *x.shape), x.dtype)
         (x, tapped), _ = jax.lax.scan(step, (x, tapped), (params, jnp.asarray(slots)))
         return x, tapped
 
@@ -233,7 +234,7 @@ class VisionTower(nnx.Module):
         outputs = [self.merger(x)]
         if taps:
             graph, params = nnx.split(self.deepstack_merger_list)
-            outputs.extend(jax.vmap(lambda p, h: nnx.merge(graph, p)(h))(params, tapped[:taps]))
+            outputs.extend(jax.vmap(lambda p, h: nnx.merge(graph, p)(h))(params, tapped))
         return jnp.concatenate(outputs, axis=-1)
 
     def __call__(self, pixels: jax.Array, inputs: TowerInputs, impl: str = "reference") -> jax.Array:
