@@ -5,11 +5,13 @@ options, inputs resident), beside each part's floor (GEMM FLOPs at the measured 
 measured copy rate); then the whole 27-block scan under variants: as shipped; XLA's default options; without
 deepstack taps (the cost of writing the tap carry); one scan per run of blocks between taps; the blocks
 unrolled (no loop); without CUDA graphs; the previous paths (the MLP's hidden width not padded, one qkv GEMM,
-XLA's two-pass LayerNorm); cuDNN's LayerNorm; XLA's block-level (Triton) fusions; cuBLASLt's first heuristic
-choices; and, named "fa4=<schedule>" in --variants, the shipped scan with fa4 under another schedule
-(`vitjax.attention.Fa4Tile`). With $HLO_DIR set, each 20-photo scan variant's optimized HLO is written there.
-With --profile, each scan also runs under JAX's profiler and its device ops' times per call are reported
-(`scan_op` rows, largest first). One JSON object per line.
+XLA's two-pass LayerNorm, every block writing the tap buffer); the tap write under XLA's `cond`; the MLP weights
+padded once outside the program; XLA's dynamic-slice fusion; cuDNN's LayerNorm; XLA's block-level (Triton)
+fusions; cuBLASLt's first heuristic choices; and, named "fa4=<schedule>" in --variants, the shipped scan with fa4
+under another schedule (`vitjax.attention.Fa4Tile`). With $HLO_DIR set, each 20-photo scan variant's optimized
+HLO is written there. With --profile, each scan also runs under JAX's profiler and its device ops' times per call
+are reported (`scan_op` rows, largest first). Every variant's last state and taps are compared with the shipped
+scan's on the same weights and input (`max_abs_diff_vs_shipped`). One JSON object per line.
 
     PYTHONPATH=. python bench/bench_block.py [--profile] [--variants shipped,fa4=192x144ss,shipped_again]
 """
@@ -29,13 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_attention import pipelined_ms, rotating_rounds, timed  # bench/ is on sys.path when run as a script
-from bench_vit import GpuSampler, op_times, versions
+from bench_vit import GpuSampler, op_times, spare_slot_run_blocks, taps_run_blocks, versions
 from flax import nnx
 
 import vitjax
 from vitjax import attention, layout, model
 from vitjax.buckets import COMPILER_OPTIONS
 from vitjax.model import TowerInputs, apply_rotary, rotary_tables
+from vitjax.taps import skipping
 
 
 def emit(**row) -> None:
@@ -154,6 +157,30 @@ def unrolled_run_blocks(self, x, inputs, impl="reference"):
     return x, jnp.stack(taps)
 
 
+def cond_taps_run_blocks(self, x, inputs, impl="reference"):
+    """The tap write as `vitjax.taps` makes it off CUDA GPUs: the dynamic update under a `cond`."""
+    return taps_run_blocks(self, x, inputs, impl, 0, skipping)
+
+
+def padded_mlp_state(state):
+    """The blocks' MLP weights zero-padded to `model.GEMM_WIDTH_MULTIPLE` once, outside the program (the shipped
+    program pads them on every call)."""
+    pure = nnx.to_pure_dict(state)
+    mlp = pure["blocks"]["mlp"]
+    pad = -mlp["linear_fc1"]["kernel"].shape[-1] % model.GEMM_WIDTH_MULTIPLE
+    widen = jax.jit(
+        lambda a, axis: jnp.pad(a, [(0, pad if i == axis % a.ndim else 0) for i in range(a.ndim)]), static_argnums=1
+    )
+    mlp["linear_fc1"]["kernel"] = widen(mlp["linear_fc1"]["kernel"], -1)
+    mlp["linear_fc1"]["bias"] = widen(mlp["linear_fc1"]["bias"], -1)
+    mlp["linear_fc2"]["kernel"] = widen(mlp["linear_fc2"]["kernel"], -2)
+    nnx.replace_by_pure_dict(state, pure)
+    return state
+
+
+SLICE_FUSION = {"xla_gpu_enable_dynamic_slice_fusion": True}
+
+
 def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=None, profile=False, rounds=3) -> None:
     """The 27-block scan as the bucket executables compile it, and candidate changes to it (`only`: these), all
     compiled first, then timed in `rounds` rotating rounds (median ms); `profile`: each one's device ops too
@@ -184,6 +211,12 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     # fa4 under another schedule (`vitjax.attention.Fa4Tile`), named "fa4=<schedule>" in `only`
     for name in sorted(n for n in only or () if n.startswith("fa4=")):
         variants[name] = (cfg, attention.Fa4Tile.parse(name.removeprefix("fa4=")), COMPILER_OPTIONS)
+    # the per-call weight work (per-block weight copies out of the stacked weights, the MLP pads) and the tap writes
+    variants["padded_mlp_state"] = (cfg, "padded", COMPILER_OPTIONS)
+    variants["slice_fusion"] = (cfg, None, {**COMPILER_OPTIONS, **SLICE_FUSION})
+    variants["padded_slice_fusion"] = (cfg, "padded", {**COMPILER_OPTIONS, **SLICE_FUSION})
+    variants["spare_slot_taps"] = (cfg, "spare_slot_taps", COMPILER_OPTIONS)
+    variants["cond_taps"] = (cfg, "cond_taps", COMPILER_OPTIONS)
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
     run_blocks, shipped_tile = model.VisionTower.run_blocks, attention.FA4_TILES.get(cfg.head_dim)
@@ -194,15 +227,20 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         model.Attention.__call__ = patch if callable(patch) else original
         model.GEMM_WIDTH_MULTIPLE = 1 if patch == "unpadded" else width
         model._LayerNorm.__call__ = model._LayerNorm.xla if patch == "xla_ln" else norm
-        model.VisionTower.run_blocks = {"segmented": segmented_run_blocks, "unrolled": unrolled_run_blocks}.get(
-            patch if isinstance(patch, str) else "", run_blocks
-        )
+        model.VisionTower.run_blocks = {
+            "segmented": segmented_run_blocks,
+            "unrolled": unrolled_run_blocks,
+            "spare_slot_taps": spare_slot_run_blocks,
+            "cond_taps": cond_taps_run_blocks,
+        }.get(patch if isinstance(patch, str) else "", run_blocks)
         if isinstance(patch, attention.Fa4Tile):
             attention.set_fa4_tile(cfg.head_dim, patch)
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
             state = random_state(abstract)
+            if patch == "padded":
+                state = padded_mlp_state(state)
             x = jax.random.normal(jax.random.key(3), (tokens, cfg.hidden_size), jnp.bfloat16)
             fn = jax.jit(lambda s, x, inp, graph=graph: nnx.merge(graph, s).run_blocks(x, inp, impl))
             start = time.perf_counter()
@@ -218,13 +256,21 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     times, stats = collections.defaultdict(list), collections.defaultdict(list)
     for _, name in rotating_rounds(list(built), rounds):
         exe, state, x, _, _ = built[name]
-        with GpuSampler() as gpu:
+        with GpuSampler(calls=6) as gpu:  # timed calls once more, untimed
             times[name].append(timed(exe, state, x, inputs, reps=5) * 1e3)
         stats[name].append(gpu.stats)
+    reference = built["shipped"][0](*built["shipped"][1:3], inputs) if "shipped" in built else None
     for name, (exe, state, x, compile_s, hlo) in built.items():
         if hlo_dir and shape_name == "20x960x1280":
             (hlo_dir / f"scan_{shape_name}_{name}.hlo.txt").write_text(hlo)
         row = {}
+        if reference is not None:  # the same weights and input: how far the variant's last state and taps are
+            out = exe(state, x, inputs)
+            kept = min(reference[1].shape[0], out[1].shape[0], len(cfg.deepstack_visual_indexes))
+            pairs = [(reference[0], out[0]), (reference[1][:kept], out[1][:kept])]
+            row["max_abs_diff_vs_shipped"] = max(
+                float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in pairs
+            )
         if profile:
             ops = op_times(lambda exe=exe, state=state, x=x: exe(state, x, inputs))
             for line, op, ms in ops[:40]:

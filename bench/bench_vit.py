@@ -9,6 +9,7 @@ and also on the device-only tower call (`Engine.run` on device-resident pixels) 
 number. Also measured: per-part times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket
 (empty persistent cache) and warm start (a second process reading that cache); with --profile, the device
 time of every op of the device-only call; with $HLO_DIR set, each bucket's optimized program is written there.
+With --taps shipped,spare_slot the vitjax runs repeat with the deepstack tap write vitjax had before `vitjax.taps`.
 
     PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
 
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import gzip
+import itertools
 import json
 import os
 import subprocess
@@ -34,6 +37,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -41,7 +45,7 @@ import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
 from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, Bucket, BucketPolicy, row_view  # noqa: E402
-from vitjax.model import TowerInputs  # noqa: E402
+from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
 RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}
@@ -137,7 +141,11 @@ def op_times(call, calls: int = 3) -> list[tuple[str, str, float]]:
 class GpuSampler:
     """The first GPU's SM clock and board power, sampled by nvidia-smi every 100 ms while a workload runs: an H200
     holds its 700 W limit by lowering the clock, so the same program runs slower on a hotter or busier board, and
-    these medians say which (empty where nvidia-smi is missing)."""
+    these medians say which (empty where nvidia-smi is missing). With `calls`, the board's energy counter (NVML)
+    gives the joules each of that many calls took, gaps between them included, beside the enforced power limit."""
+
+    def __init__(self, calls: int = 0):
+        self.calls = calls
 
     def __enter__(self) -> GpuSampler:
         self.stats: dict[str, float] = {}
@@ -146,9 +154,14 @@ class GpuSampler:
             self._proc = subprocess.Popen([*query, "-lms", "100"], stdout=subprocess.PIPE, text=True)
         except OSError:
             self._proc = None
+        self._energy = _nvml_energy() if self.calls else None
         return self
 
     def __exit__(self, *exc) -> None:
+        end = _nvml_energy() if self._energy else None
+        if end:
+            joules = (end[0] - self._energy[0]) / 1e3 / self.calls
+            self.stats.update(energy_j_per_call=joules, power_limit_w=end[1])
         if self._proc is None:
             return
         self._proc.terminate()
@@ -160,7 +173,60 @@ class GpuSampler:
                 continue
         if values:
             clock, power = np.median(np.array(values), axis=0)
-            self.stats = {"sm_mhz_median": float(clock), "power_w_median": float(power)}
+            self.stats.update(sm_mhz_median=float(clock), power_w_median=float(power))
+
+
+def _nvml_energy() -> tuple[float, float] | None:
+    """The first GPU's energy counter (mJ since the driver loaded) and enforced power limit (W), or None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)), limit
+    except Exception:  # no NVML here (a CPU run), or a board without the counter
+        return None
+
+
+def spare_slot_run_blocks(self, x, inputs, impl="reference"):
+    """The previous tap path (before `vitjax.taps`): every block writes its output into the tap buffer, a block that
+    is not a tap into a spare last slot (XLA's dynamic update copies the whole state in every block)."""
+    return taps_run_blocks(self, x, inputs, impl, 1, lambda t, h, s: jax.lax.dynamic_update_index_in_dim(t, h, s, 0))
+
+
+def taps_run_blocks(self, x, inputs, impl, spare, write):
+    """`VisionTower.run_blocks` with another tap write `write(tapped, h, slot)`, into a buffer of `spare` more slots
+    than taps."""
+    cfg = self.cfg
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    k = len(cfg.deepstack_visual_indexes)
+    slots = np.full(cfg.depth, k, np.int32)
+    slots[list(cfg.deepstack_visual_indexes)] = np.arange(k)
+    graph, params = nnx.split(self.blocks)
+
+    def step(carry, xs):
+        h, tapped = carry
+        block_params, slot = xs
+        h = nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl)
+        return (h, write(tapped, h, slot)), None
+
+    tapped = jnp.zeros((k + spare, *x.shape), x.dtype)
+    (x, tapped), _ = jax.lax.scan(step, (x, tapped), (params, jnp.asarray(slots)))
+    return x, tapped[:k]
+
+
+TAP_PATHS = {"shipped": VisionTower.run_blocks, "spare_slot": spare_slot_run_blocks}
+
+
+@contextlib.contextmanager
+def tap_path(name: str):
+    """Executables traced inside are built with the tap write `TAP_PATHS[name]`."""
+    VisionTower.run_blocks = TAP_PATHS[name]
+    try:
+        yield
+    finally:
+        VisionTower.run_blocks = TAP_PATHS["shipped"]
 
 
 def reps_for(tokens: int) -> int:
@@ -367,7 +433,7 @@ def run_vitjax(
             def device_only(on_device=on_device, grids=grids):
                 jax.block_until_ready([c.output for c in engine.run(on_device, grids)])
 
-            with GpuSampler() as gpu:
+            with GpuSampler(calls=reps_for(tokens) + 1) as gpu:  # median_time calls once more, untimed
                 t_dev, _ = median_time(device_only, reps_for(tokens))
             if profile and name in {m[0] for m in MAIN}:
                 ops = op_times(device_only)
@@ -427,14 +493,15 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, attention, call cap, segment ladder, devices, workload): a later run of the same
-    day supersedes an earlier one."""
+    """The last row of each (impl, attention, call cap, segment ladder, tap write, devices, workload): a later run of
+    the same day supersedes an earlier one."""
     keys = {
         (
             r.get("impl"),
             r.get("attention"),
             r.get("max_call_tokens"),
             str(r.get("segments_ladder")),
+            r.get("taps"),
             _gpus(r),
             r.get("workload"),
         ): r
@@ -454,7 +521,7 @@ def table(rows: list[dict]) -> str:
     rows = latest(rows)
     hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
     lines = [
-        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>20}{'vitjax ms':>11}"
+        f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>26}{'vitjax ms':>11}"
         f"{'TF/s':>7}{'dev ms':>9}{'x HF':>7}"
     ]
     for r in rows:
@@ -465,8 +532,9 @@ def table(rows: list[dict]) -> str:
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         label = r.get("attention", "") + (f" <={r['max_call_tokens']}" if r.get("max_call_tokens") else "")
         label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
+        label += f" {r['taps']}" if r.get("taps") else ""
         lines.append(
-            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>20}"
+            f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>26}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
         )
     return "\n".join(lines)
@@ -532,6 +600,12 @@ def main() -> None:
         help="vitjax runs: segment-slot ladders, ';'-separated (e.g. '1,4,16,64;1,4,16,64,128,256,384'; default: "
         "the shipped one); rows carry the ladder",
     )
+    ap.add_argument(
+        "--taps",
+        default="shipped",
+        help=f"vitjax runs: tap writes, comma-separated, of {', '.join(TAP_PATHS)} (spare_slot: the path before "
+        "vitjax.taps); rows carry any but the shipped one",
+    )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:
@@ -573,14 +647,19 @@ def main() -> None:
             base = policy or BucketPolicy()
             run_policy = BucketPolicy(base.tokens, ladder, base.granule) if ladder else policy
             run_emit = (lambda row, ladder=ladder: emit({**row, "segments_ladder": list(ladder)})) if ladder else emit
-            for impl in args.attention.split(",") if args.attention else [None]:
-                for cap in map(int, args.max_call_tokens.split(",")):
+            for impl, cap, taps in itertools.product(
+                args.attention.split(",") if args.attention else [None],
+                map(int, args.max_call_tokens.split(",")),
+                args.taps.split(","),
+            ):
+                tap_emit = run_emit if taps == "shipped" else lambda row, e=run_emit, t=taps: e({**row, "taps": t})
+                with tap_path(taps):
                     infos[spec] = run_vitjax(
                         cfg,
                         weights,
                         items,
                         pool,
-                        run_emit,
+                        tap_emit,
                         not args.no_parts,
                         run_policy,
                         **parallel,
