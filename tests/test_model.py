@@ -149,6 +149,26 @@ def test_tap_write_in_place_matches_dynamic_update(rows, dtype):
             np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
 
+def test_tower_lowers_for_cuda():
+    """The program a CUDA GPU compiles, lowered here: the LayerNorm and tap-write kernels are Triton calls (JAX 0.10's
+    default Pallas lowering, Mosaic GPU, refuses the LayerNorm's blocks)."""
+    cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
+    graph, state = nnx.split(
+        nnx.eval_shape(lambda: vitjax.model.VisionTower(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    )
+    packed = layout.pack([(1, 16, 16), (1, 8, 8)], 512, 4, side=cfg.grid_side)
+    inputs = vitjax.model.TowerInputs(
+        *(jnp.asarray(a) for a in packed[:3]), Segments(*(jnp.asarray(a) for a in packed[3:]))
+    )
+    pixels = jax.ShapeDtypeStruct((512, cfg.patch_dim), jnp.float32)
+    tower = jax.jit(lambda s, p, i: nnx.merge(graph, s)(p, i, "reference"))
+    text = tower.trace(state, pixels, inputs).lower(lowering_platforms=("cuda",)).as_text()
+    kernels = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+    names = [name for line in kernels for name in ("layer_norm_one_pass", "tap_write") if name in line]
+    # the block's two LayerNorms and tap write (the scan's body, traced once), the final and the deepstack merger's
+    assert sorted(names) == ["layer_norm_one_pass"] * 4 + ["tap_write"], names
+
+
 @pytest.mark.parametrize("index", [0, -1])
 def test_block(loaded, index):
     cfg, hf, _, model = loaded

@@ -3,7 +3,8 @@
 XLA computes a LayerNorm in two passes over x (the moments, then a normalize that reads x again): ~12 ms of a
 20-photo call on an H200, where one pass that keeps a block of rows in registers between its statistics and its
 output takes ~8 (bench/NOTES.md). Triton loads must be powers of two in size, so a row is read in power-of-two
-column pieces (1152 = 1024 + 128).
+column pieces (1152 = 1024 + 128). The Triton lowering is named: JAX 0.10 lowers Pallas calls through Mosaic GPU by
+default, which refuses these blocks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 # fp32 values a program holds (rows x width): 4 rows of 1152, 1 row of 4608, without spilling registers.
 PROGRAM_VALUES = 4608
@@ -61,6 +63,7 @@ def one_pass(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float, interp
         ],
         out_specs=pl.BlockSpec((rows, n), lambda i: (i, 0)),
         interpret=interpret,
+        compiler_params=pltriton.CompilerParams(num_warps=4),
         name="layer_norm_one_pass",
     )(x, scale, bias)
 
