@@ -64,6 +64,7 @@ MANY = [
 ]
 SWEEP_COUNTS = (1, 2, 4, 8, 16, 32)
 SWEEP_RES = ("720p", "1080p", "2k")
+MIN_ENERGY_WINDOW_S = 1.0  # the shortest window the energy counter is read over (see GpuSampler)
 SHIPPED_TILES = dict(FA4_TILES)  # fa4 schedules as the library ships them (a run may set others)
 
 
@@ -142,7 +143,9 @@ class GpuSampler:
     """The first GPU's SM clock and board power, sampled by nvidia-smi every 100 ms while a workload runs: an H200
     holds its 700 W limit by lowering the clock, so the same program runs slower on a hotter or busier board, and
     these medians say which (empty where nvidia-smi is missing). With `calls`, the board's energy counter (NVML)
-    gives the joules each of that many calls took, gaps between them included, beside the enforced power limit."""
+    gives the joules each of that many calls took, gaps between them included, beside the enforced power limit; only
+    over windows of `MIN_ENERGY_WINDOW_S` or more, since the counter advances in coarse steps (70 ms windows read
+    0 J)."""
 
     def __init__(self, calls: int = 0):
         self.calls = calls
@@ -155,10 +158,12 @@ class GpuSampler:
         except OSError:
             self._proc = None
         self._energy = _nvml_energy() if self.calls else None
+        self._start = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
-        end = _nvml_energy() if self._energy else None
+        window = time.perf_counter() - self._start
+        end = _nvml_energy() if self._energy and window >= MIN_ENERGY_WINDOW_S else None
         if end:
             joules = (end[0] - self._energy[0]) / 1e3 / self.calls
             self.stats.update(energy_j_per_call=joules, power_limit_w=end[1])
