@@ -1,10 +1,10 @@
-"""The one-pass LayerNorm kernel (`vitjax.layer_norm`) under other launch shapes and lowerings (one GPU).
+"""The one-pass LayerNorm kernel (`vitjax.layer_norm`) under other launch shapes (one GPU).
 
 The kernel holds a few rows in registers between their statistics and their output; in a 20-photo call its two
 LayerNorms a block move ~24 GB in 7.7 ms (~3.1 TB/s), below the ~4 TB/s the rotary fusions reach. Here the same
 kernel body runs at the 8B tower's width (1152) on the 20-photo bucket (98,304 rows) and the 720p one (3,584) with 4
-to 32 rows a program, lowered by Pallas' default GPU backend (as shipped) or by Triton with 4 or 8 warps, beside
-XLA's two-pass LayerNorm; each checked against XLA's, timed back to back (median of rotating rounds). One JSON object
+to 32 rows a program and 4 or 8 warps (the Triton lowering; shipped: 4 rows, 4 warps), beside XLA's two-pass
+LayerNorm; each checked against XLA's, timed back to back (median of rotating rounds). One JSON object
 per line.
 
     PYTHONPATH=. python bench/bench_layer_norm.py --out bench/results
@@ -20,32 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 from bench_attention import pipelined_ms, recorder, rotating_rounds  # bench/ is on sys.path when run as a script
 from flax import nnx
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
-from vitjax import layer_norm
+from vitjax.layer_norm import one_pass
 from vitjax.model import _LayerNorm
 
 WIDTH = 1152
 SHAPES = {"20x960x1280": 98304, "1x720p": 3584}
-
-
-def one_pass(x, scale, bias, eps, rows: int, params):
-    """`layer_norm.one_pass` with `rows` a program and the lowering's `params` (None: Pallas' default)."""
-    t, n = x.shape
-    return pl.pallas_call(
-        functools.partial(layer_norm._kernel, eps=eps, n=n),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        grid=(t // rows,),
-        in_specs=[
-            pl.BlockSpec((rows, n), lambda i: (i, 0)),
-            pl.BlockSpec((n,), lambda i: (0,)),
-            pl.BlockSpec((n,), lambda i: (0,)),
-        ],
-        out_specs=pl.BlockSpec((rows, n), lambda i: (i, 0)),
-        compiler_params=params,
-        name="layer_norm_one_pass",
-    )(x, scale, bias)
 
 
 def main() -> None:
@@ -58,10 +38,10 @@ def main() -> None:
     scale = jax.random.normal(jax.random.key(1), (WIDTH,)).astype(jnp.bfloat16)
     bias = jax.random.normal(jax.random.key(2), (WIDTH,)).astype(jnp.bfloat16)
     norm.scale[...], norm.bias[...] = scale, bias
-    variants = {"xla": None, "shipped": (layer_norm.rows_per_program(WIDTH), None)}
+    variants = {"xla": None}
     for rows in (4, 8, 16, 32):
         for warps in (4, 8):
-            variants[f"triton_r{rows}_w{warps}"] = (rows, pltriton.CompilerParams(num_warps=warps))
+            variants[f"triton_r{rows}_w{warps}"] = (rows, warps)
     for shape, tokens in SHAPES.items():
         x = (jax.random.normal(jax.random.key(3), (tokens, WIDTH)) * 3 + 1).astype(jnp.bfloat16)
         reference = np.asarray(jax.jit(norm.xla)(x), np.float32)
@@ -70,7 +50,7 @@ def main() -> None:
             fn = (
                 norm.xla
                 if spec is None
-                else functools.partial(one_pass, scale=scale, bias=bias, eps=1e-6, rows=spec[0], params=spec[1])
+                else functools.partial(one_pass, scale=scale, bias=bias, eps=1e-6, rows=spec[0], warps=spec[1])
             )
             try:
                 compiled = jax.jit(fn).lower(x).compile()

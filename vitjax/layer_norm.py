@@ -47,11 +47,20 @@ def _kernel(x_ref, w_ref, b_ref, o_ref, *, eps: float, n: int):
         o_ref[:, pl.ds(s, k)] = ((x - mean[:, None]) * inv[:, None] * w + b).astype(o_ref.dtype)
 
 
-def one_pass(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float, interpret: bool = False) -> jax.Array:
-    """`[T, D]` -> LayerNorm over D, fp32 statistics, the result in x's dtype; T a multiple of
-    `rows_per_program(D)`. `interpret` runs the kernel's logic anywhere (tests on a CPU)."""
+def one_pass(
+    x: jax.Array,
+    scale: jax.Array,
+    bias: jax.Array,
+    eps: float,
+    interpret: bool = False,
+    rows: int | None = None,
+    warps: int = 4,
+) -> jax.Array:
+    """`[T, D]` -> LayerNorm over D, fp32 statistics, the result in x's dtype; T a multiple of `rows` a program
+    (default `rows_per_program(D)`), each program `warps` warps (the launch shape `bench/bench_layer_norm.py`
+    compares). `interpret` runs the kernel's logic anywhere (tests on a CPU)."""
     t, n = x.shape
-    rows = rows_per_program(n)
+    rows = rows or rows_per_program(n)
     return pl.pallas_call(
         functools.partial(_kernel, eps=eps, n=n),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -63,7 +72,7 @@ def one_pass(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float, interp
         ],
         out_specs=pl.BlockSpec((rows, n), lambda i: (i, 0)),
         interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=4),
+        compiler_params=pltriton.CompilerParams(num_warps=warps),
         name="layer_norm_one_pass",
     )(x, scale, bias)
 
