@@ -9,11 +9,10 @@ same process, in two alternating rounds (their spread is the noise), and checked
 correctness cases add odd frame sizes, a 2x2 frame, unused slots, tail padding and NaN in the padding rows
 (real rows must not see it). `--sweep` also runs the earlier studies: the cost of unused segment slots, and
 head_dim 72 zero-padded to 80/96/128 for cuDNN; `--slots` the clips in buckets of up to 512 slots;
-`--many` calls of more than 64 frames (many images, a clip) in their default buckets; `--rotary` attention from the
-q|k GEMM output with the rotary included, q rotated inside fa4's kernel beside XLA's pass over q before it.
+`--many` calls of more than 64 frames (many images, a clip) in their default buckets.
 
     PYTHONPATH=. python bench/bench_attention.py [--impls fa4,cudnn_packed] [--head-dims 72,64] [--sweep] [--slots]
-        [--many] [--rotary]
+        [--many]
 
 One JSON object per line, also appended to bench/results/<device>-<date>.jsonl; a short table last.
 """
@@ -30,10 +29,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_vit import q_rotary, versions  # bench/ is on sys.path when run as a script
+from bench_vit import versions  # bench/ is on sys.path when run as a script
 
 from vitjax import attention, buckets, layout
-from vitjax.rotary import rotary
 
 HEADS = 16
 MIXED = [(1, 56, 64 + 2 * i) for i in range(20)]  # 3584 .. 5712 tokens per frame, 92,960
@@ -204,60 +202,6 @@ def many_frames(impls: list[str], emit, rounds: int = 3) -> None:
             emit({**row, "tflops_pipelined": round(4 * HEADS * 72 * useful / ms / 1e9, 1), **acc[impl]})
 
 
-def rotary_fn(impl: str, seg: attention.Segments):
-    return jax.jit(lambda qk, v, rope: attention.rotary_attention(qk, v, rope, seg, impl))
-
-
-def with_rotary(impls: list[str], emit, rounds: int = 4) -> None:
-    """`attention.rotary_attention` on q|k `[T, 2, heads, 72]` and v, with the tower's rotary tables: fa4 rotating q in
-    its kernel ("fa4:kernel"), fa4 after XLA's pass over q ("fa4:xla"), and the other paths; each checked against
-    rotary then the fp32 reference, fa4's two forms against each other bit for bit, then timed in rotating rounds.
-    The odd-frame and NaN-padding cases of `correctness` run first."""
-    paths = [f"{i}:{w}" for i in impls for w in (("kernel", "xla") if i == "fa4" else ("xla",))]
-    cases = {"odd": ([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 6144, 8), **CASES}
-    for name in ("odd", "20x4800", "20xmixed", "1x3520"):
-        grids, tokens, slots = cases[name]
-        seg = case_segments(grids, tokens, slots)
-        rope = rotary(jnp.asarray(layout.pack(grids, tokens, slots).rope_pos), 72, 10000.0)
-        q, k, v = random_qkv(5, tokens, 72)
-        qk = jnp.stack([q, k], axis=1)
-        real = np.asarray(seg.ids) >= 0
-        ref = np.asarray(rotary_fn("reference", seg)(qk, v, rope), np.float32)
-        fns = {}
-        for path in paths:
-            impl, where = path.split(":")
-            with q_rotary(where):  # compiled here: the setting is read while tracing
-                fns[path] = rotary_fn(impl, seg).lower(qk, v, rope).compile()
-        outs = {path: np.asarray(fn(qk, v, rope), np.float32) for path, fn in fns.items()}
-        acc = {path: errors(out, ref, real) for path, out in outs.items()}
-        if {"fa4:kernel", "fa4:xla"} <= set(outs):
-            apart = np.abs(outs["fa4:kernel"][real] - outs["fa4:xla"][real])
-            row = {"check": "rotary_fa4_kernel_vs_xla", "frames": name, "differing": int((apart != 0).sum())}
-            emit({**row, "elements": int(apart.size), "max_abs_apart": float(apart.max())})
-        if name == "odd":
-            poison = jnp.asarray(~real)[:, None, None]
-            nan_qk, nan_v = jnp.where(poison[:, None], jnp.nan, qk), jnp.where(poison, jnp.nan, v)
-            for path, fn in fns.items():
-                emit({"check": "rotary_attention", "impl": path, "frames": name, **acc[path]})
-                emit(
-                    {
-                        "check": "rotary_attention",
-                        "impl": path,
-                        "padding": "nan",
-                        **errors(fn(nan_qk, nan_v, rope), ref, real),
-                    }
-                )
-            continue
-        useful = sum(t * (h * w) ** 2 for t, h, w in grids)
-        for rnd, path in rotating_rounds(paths, rounds):
-            ms = pipelined_ms(fns[path], qk, v, rope)
-            row = {"bench": "rotary_attention", "frames": name, "impl": path, "head_dim": 72, "slots": slots}
-            row.update(
-                round=rnd, ms_pipelined=round(ms, 4), tflops_pipelined=round(4 * HEADS * 72 * useful / ms / 1e9, 1)
-            )
-            emit({**row, **acc[path]})
-
-
 def sweep(emit) -> None:
     """The first session's studies: unused segment slots, and cuDNN with head_dim 72 zero-padded."""
     for name in ("20x4800", "20xmixed"):
@@ -324,18 +268,12 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
     ap.add_argument("--slots", action="store_true", help="also the clips in buckets with more segment slots")
     ap.add_argument("--many", action="store_true", help="also calls of more than 64 frames, in their buckets")
-    ap.add_argument(
-        "--rotary", action="store_true", help="only attention with the rotary, fa4 rotating q in its kernel"
-    )
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     rows, emit = recorder("bench_attention", args.out)
     impls = available(args.impls.split(","))
     dims = [int(d) for d in args.head_dims.split(",")]
     emit({"phase": "start", "impls": impls})
-    if args.rotary:
-        with_rotary([i for i in impls if i != "cudnn_padded"], emit)
-        return
     correctness(impls, dims, emit)
     speed(impls, dims, emit)
     if args.many:

@@ -37,8 +37,7 @@ from flax import nnx
 import vitjax
 from vitjax import attention, layout, model
 from vitjax.buckets import COMPILER_OPTIONS
-from vitjax.model import TowerInputs
-from vitjax.rotary import apply_rotary, rotary
+from vitjax.model import TowerInputs, apply_rotary, rotary_tables
 from vitjax.taps import skipping
 
 
@@ -70,7 +69,7 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
     blk = nnx.merge(graph, jax.tree.map(lambda a: a[0], params))
     bgraph, bstate = nnx.split(blk)
     x = jax.random.normal(jax.random.key(2), (tokens, d), jnp.bfloat16)
-    rope = rotary(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
     seg = inputs.segments
 
     def qkv(s, x):
@@ -78,7 +77,7 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
         return b.attn.qk_v(b.norm1(x))
 
     def rot(s, qk):
-        return apply_rotary(qk[:, 0], rope.cos, rope.sin), apply_rotary(qk[:, 1], rope.cos, rope.sin)
+        return apply_rotary(qk[:, 0], cos, sin), apply_rotary(qk[:, 1], cos, sin)
 
     def attn(s, q, k, v):
         return attention.attention(q, k, v, seg, impl)
@@ -94,7 +93,7 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
         return x + nnx.merge(bgraph, s).mlp.down(h)
 
     def whole(s, x):
-        return nnx.merge(bgraph, s)(x, rope, seg, impl)
+        return nnx.merge(bgraph, s)(x, cos, sin, seg, impl)
 
     qk, v = jax.jit(qkv)(bstate, x)
     q, k = jax.jit(rot)(bstate, qk)
@@ -117,10 +116,10 @@ def block_parts(cfg, tower, inputs, impl, flops_rate, bw) -> None:
         emit(bench="block_part", part=name, tokens=tokens, ms=t * 1e3, floor_ms=floor * 1e3, tflops=fl / t / 1e12)
 
 
-def fused_qkv_call(self, x, rope, segments, impl):
+def fused_qkv_call(self, x, cos, sin, segments, impl):
     """The previous path: one qkv GEMM, q, k and v sliced out of it (v copied for the attention kernel)."""
     qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
-    q, k = apply_rotary(qkv[:, 0], rope.cos, rope.sin), apply_rotary(qkv[:, 1], rope.cos, rope.sin)
+    q, k = model.apply_rotary(qkv[:, 0], cos, sin), model.apply_rotary(qkv[:, 1], cos, sin)
     return self.proj(attention.attention(q, k, qkv[:, 2], segments, impl).reshape(x.shape))
 
 
@@ -128,11 +127,11 @@ def segmented_run_blocks(self, x, inputs, impl="reference"):
     """Candidate: one scan per run of blocks between deepstack taps, the taps being the runs' last hidden states,
     instead of one scan whose every block writes its output to a tap slot."""
     cfg = self.cfg
-    rope = rotary(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
     graph, params = nnx.split(self.blocks)
 
     def step(h, block_params):
-        return nnx.merge(graph, block_params)(h, rope, inputs.segments, impl), None
+        return nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl), None
 
     taps, start = [], 0
     for end in [*(i + 1 for i in cfg.deepstack_visual_indexes), cfg.depth]:
@@ -147,12 +146,12 @@ def unrolled_run_blocks(self, x, inputs, impl="reference"):
     """Candidate: the blocks unrolled into one program (27 blocks compiled), the taps being the tap blocks' outputs:
     no loop, no tap buffer written by every block."""
     cfg = self.cfg
-    rope = rotary(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
     graph, params = nnx.split(self.blocks)
     taps = []
     for i in range(cfg.depth):
         block = nnx.merge(graph, jax.tree.map(lambda a, i=i: a[i], params))
-        x = block(x, rope, inputs.segments, impl)
+        x = block(x, cos, sin, inputs.segments, impl)
         if i in cfg.deepstack_visual_indexes:
             taps.append(x)
     return x, jnp.stack(taps)

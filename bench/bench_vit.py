@@ -9,8 +9,7 @@ and also on the device-only tower call (`Engine.run` on device-resident pixels) 
 number. Also measured: per-part times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket
 (empty persistent cache) and warm start (a second process reading that cache); with --profile, the device
 time of every op of the device-only call; with $HLO_DIR set, each bucket's optimized program is written there.
-With --taps shipped,spare_slot the vitjax runs repeat with the deepstack tap write vitjax had before `vitjax.taps`;
-with --q-rotary kernel,xla with q rotated by XLA before fa4 instead of inside its kernel (`vitjax.fa4_rotary`).
+With --taps shipped,spare_slot the vitjax runs repeat with the deepstack tap write vitjax had before `vitjax.taps`.
 
     PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
 
@@ -44,10 +43,9 @@ from flax import nnx  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
-from vitjax.attention import FA4_ROTARY_HEAD_DIMS, FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
+from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, Bucket, BucketPolicy, row_view  # noqa: E402
-from vitjax.model import TowerInputs, VisionTower  # noqa: E402
-from vitjax.rotary import rotary  # noqa: E402
+from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
 RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}
@@ -206,7 +204,7 @@ def taps_run_blocks(self, x, inputs, impl, spare, write):
     """`VisionTower.run_blocks` with another tap write `write(tapped, h, slot)`, into a buffer of `spare` more slots
     than taps."""
     cfg = self.cfg
-    rope = rotary(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
     k = len(cfg.deepstack_visual_indexes)
     slots = np.full(cfg.depth, k, np.int32)
     slots[list(cfg.deepstack_visual_indexes)] = np.arange(k)
@@ -215,7 +213,7 @@ def taps_run_blocks(self, x, inputs, impl, spare, write):
     def step(carry, xs):
         h, tapped = carry
         block_params, slot = xs
-        h = nnx.merge(graph, block_params)(h, rope, inputs.segments, impl)
+        h = nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl)
         return (h, write(tapped, h, slot)), None
 
     tapped = jnp.zeros((k + spare, *x.shape), x.dtype)
@@ -234,19 +232,6 @@ def tap_path(name: str):
         yield
     finally:
         VisionTower.run_blocks = TAP_PATHS["shipped"]
-
-
-@contextlib.contextmanager
-def q_rotary(where: str):
-    """Programs traced inside rotate q where `where` says: "kernel" (inside fa4's, as shipped) or "xla" (before)."""
-    shipped = set(FA4_ROTARY_HEAD_DIMS)
-    FA4_ROTARY_HEAD_DIMS.clear()
-    FA4_ROTARY_HEAD_DIMS.update(shipped if where == "kernel" else ())
-    try:
-        yield
-    finally:
-        FA4_ROTARY_HEAD_DIMS.clear()
-        FA4_ROTARY_HEAD_DIMS.update(shipped)
 
 
 def reps_for(tokens: int) -> int:
@@ -626,12 +611,6 @@ def main() -> None:
         help=f"vitjax runs: tap writes, comma-separated, of {', '.join(TAP_PATHS)} (spare_slot: the path before "
         "vitjax.taps); rows carry any but the shipped one",
     )
-    ap.add_argument(
-        "--q-rotary",
-        default="kernel",
-        help="vitjax runs: where fa4 paths rotate q, comma-separated, of kernel (as shipped) and xla (before the "
-        "kernel); rows carry any but kernel",
-    )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
     if args.plot:
@@ -673,18 +652,13 @@ def main() -> None:
             base = policy or BucketPolicy()
             run_policy = BucketPolicy(base.tokens, ladder, base.granule) if ladder else policy
             run_emit = (lambda row, ladder=ladder: emit({**row, "segments_ladder": list(ladder)})) if ladder else emit
-            for impl, cap, taps, where in itertools.product(
+            for impl, cap, taps in itertools.product(
                 args.attention.split(",") if args.attention else [None],
                 map(int, args.max_call_tokens.split(",")),
                 args.taps.split(","),
-                args.q_rotary.split(","),
             ):
-                if where != "kernel" and not (impl or "").startswith("fa4"):
-                    continue  # the other paths rotate q before attention either way
                 tap_emit = run_emit if taps == "shipped" else lambda row, e=run_emit, t=taps: e({**row, "taps": t})
-                if where != "kernel":
-                    tap_emit = lambda row, e=tap_emit, w=where: e({**row, "q_rotary": w})  # noqa: E731
-                with tap_path(taps), q_rotary(where):
+                with tap_path(taps):
                     infos[spec] = run_vitjax(
                         cfg,
                         weights,

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from vitjax import attention, layout, weights
-from vitjax.rotary import rotary
 
 torch = pytest.importorskip("torch")
 
@@ -140,38 +139,3 @@ def test_attention_paths_agree(head_dim, grids, slots):
         err = float(np.abs(got[real] - ref[real]).max())
         print(f"attention head_dim {head_dim} slots {slots} {impl}: max abs error {err:.4f} against fp32 reference")
         assert err < 0.03, (impl, err)
-
-
-@pytest.mark.skipif(not attention.fa4_available(), reason="needs fa4-jax on a Hopper GPU")
-def test_fa4_rotates_q_in_its_kernel():
-    """q rotated inside fa4's kernel (`vitjax.fa4_rotary`) against XLA's rotary before fa4 and the fp32 reference:
-    odd frames, a 2x2 frame, unused slots, a sequence that ends inside a 192-row tile (6,080 tokens), and NaN in
-    the padding rows of q|k and v, which no real row may see."""
-    grids, tokens = [(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 6080
-    packed = layout.pack(grids, tokens, 8)
-    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]))
-    rope = rotary(jnp.asarray(packed.rope_pos), 72, 10000.0)
-    rng = np.random.default_rng(3)
-    qk, v = (jnp.asarray(rng.standard_normal((tokens, *shape, 72)), jnp.bfloat16) for shape in [(2, 16), (16,)])
-    padding = jnp.asarray(packed.segment_ids < 0)
-    poisoned = jnp.where(padding[:, None, None, None], jnp.nan, qk), jnp.where(padding[:, None, None], jnp.nan, v)
-    real = ~np.asarray(padding)
-
-    def run(impl: str, rotary_head_dims: set[int], qk: jax.Array, v: jax.Array) -> np.ndarray:
-        shipped = set(attention.FA4_ROTARY_HEAD_DIMS)
-        attention.FA4_ROTARY_HEAD_DIMS.clear()
-        attention.FA4_ROTARY_HEAD_DIMS.update(rotary_head_dims)
-        try:
-            fn = jax.jit(lambda qk, v, rope: attention.rotary_attention(qk, v, rope, seg, impl))
-            return np.asarray(fn(qk, v, rope), np.float32)[real]
-        finally:
-            attention.FA4_ROTARY_HEAD_DIMS.clear()
-            attention.FA4_ROTARY_HEAD_DIMS.update(shipped)
-
-    in_kernel, before = run("fa4", {72}, *poisoned), run("fa4", set(), *poisoned)
-    ref = run("reference", set(), qk, v)  # fp32 softmax times NaN values would be NaN: the clean inputs
-    err, apart = float(np.abs(in_kernel - ref).max()), float(np.abs(in_kernel - before).max())
-    differing = int((in_kernel != before).sum())
-    print(f"fa4 rotating q: max abs error {err:.4f} against fp32, {apart:.2e} from XLA's rotary ({differing} differ)")
-    assert np.isfinite(in_kernel).all() and err < 0.03, err
-    assert apart < 0.01, apart

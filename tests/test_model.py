@@ -17,8 +17,7 @@ import vitjax
 from vitjax import layout
 from vitjax.attention import Segments
 from vitjax.layer_norm import one_pass, pieces, rows_per_program
-from vitjax.model import GEMM_WIDTH_MULTIPLE, _LayerNorm
-from vitjax.rotary import apply_rotary, rotary, rotary_tables
+from vitjax.model import GEMM_WIDTH_MULTIPLE, _LayerNorm, apply_rotary, rotary_tables
 from vitjax.taps import PIECE, in_place, skipping
 
 
@@ -93,32 +92,19 @@ def test_apply_rotary_matches_hf(loaded):
     assert_close_to_scale(np.asarray(apply_rotary(jnp.asarray(q), cos, sin)), ref.numpy())
 
 
-def test_position_tables_match_rotary_tables(loaded):
-    """fa4's in-kernel rotary reads angles by position (`Rotary.cos_at`): the same bits as each token's own."""
-    cfg = loaded[0]
-    packed, _ = _packed(cfg, GRIDS)
-    rope = rotary(jnp.asarray(packed.rope_pos), cfg.head_dim, cfg.rope_theta)
-    quarter = cfg.head_dim // 4
-    assert rope.cos_at.shape == (len(packed.rope_pos), quarter)
-    for token_table, by_position in [(rope.cos, rope.cos_at), (rope.sin, rope.sin_at)]:
-        for axis in range(2):
-            looked_up = np.asarray(by_position)[np.asarray(rope.positions)[:, axis]]
-            np.testing.assert_array_equal(looked_up, np.asarray(token_table)[:, axis * quarter : (axis + 1) * quarter])
-
-
 def _block_inputs(cfg, hf, seed=2):
     packed, segments = _packed(cfg, GRIDS)
-    rope = rotary(jnp.asarray(packed.rope_pos), cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_tables(jnp.asarray(packed.rope_pos), cfg.head_dim, cfg.rope_theta)
     h = np.random.default_rng(seed).standard_normal((len(packed.rope_pos), cfg.hidden_size), np.float32)
-    return h, rope, segments, _hf_rotary(hf, GRIDS, len(h))
+    return h, cos, sin, segments, _hf_rotary(hf, GRIDS, len(h))
 
 
 def test_attention(loaded):
     cfg, hf, _, model = loaded
-    h, rope, segments, hf_rope = _block_inputs(cfg, hf)
+    h, cos, sin, segments, rope = _block_inputs(cfg, hf)
     with torch.no_grad():
-        ref = hf.blocks[1].attn(torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=hf_rope)
-    got = _block(model.blocks, 1).attn(jnp.asarray(h), rope, segments, "reference")
+        ref = hf.blocks[1].attn(torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=rope)
+    got = _block(model.blocks, 1).attn(jnp.asarray(h), cos, sin, segments, "reference")
     assert_close_to_scale(np.asarray(got), ref.numpy())
 
 
@@ -186,11 +172,11 @@ def test_tower_lowers_for_cuda():
 @pytest.mark.parametrize("index", [0, -1])
 def test_block(loaded, index):
     cfg, hf, _, model = loaded
-    h, rope, segments, hf_rope = _block_inputs(cfg, hf)
+    h, cos, sin, segments, rope = _block_inputs(cfg, hf)
     index %= cfg.depth
     with torch.no_grad():
-        ref = hf.blocks[index](torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=hf_rope)
-    got = _block(model.blocks, index)(jnp.asarray(h), rope, segments, "reference")
+        ref = hf.blocks[index](torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=rope)
+    got = _block(model.blocks, index)(jnp.asarray(h), cos, sin, segments, "reference")
     assert_close_to_scale(np.asarray(got), ref.numpy())
 
 

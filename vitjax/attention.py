@@ -30,8 +30,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from vitjax.rotary import Rotary, apply_rotary
-
 IMPLEMENTATIONS = ("fa4", "cudnn_packed", "cudnn_padded", "reference")
 ENV_VAR = "VITJAX_ATTENTION"
 # Buckets of more segment slots than this hold a video's temporal slices (~480 patches each at HF's defaults), where
@@ -72,9 +70,6 @@ class Fa4Tile:
 # 192x144ss (P through shared memory) alone, -0.8% on the 20-photo scan, same errors (H200, `bench_fa4_tiles.py`,
 # bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
 FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3)}
-# At these head dims fa4 rotates q inside its kernel (`vitjax.fa4_rotary`), reading it in place from the q|k GEMM
-# output, instead of after an XLA pass over q (bench/NOTES.md). Empty: XLA rotates q first, as for the other paths.
-FA4_ROTARY_HEAD_DIMS: set[int] = {72}
 
 
 @functools.partial(
@@ -213,19 +208,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl
     raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
 
 
-def rotary_attention(
-    qk: jax.Array, v: jax.Array, rope: Rotary, segments: Segments, impl: str = "reference"
-) -> jax.Array:
-    """`attention` of q and k after rotary (`vitjax.rotary`), from q|k `[T, 2, heads, head_dim]` as the qkv GEMM
-    leaves them. fa4 on one device rotates q inside its kernel at the head dims of `FA4_ROTARY_HEAD_DIMS` (with
-    their own schedule in `FA4_TILES`); every other path rotates q and k first."""
-    k = apply_rotary(qk[:, 1], rope.cos, rope.sin)
-    head_dim = qk.shape[-1]
-    if impl == "fa4" and segments.seq_axis is None and head_dim in FA4_ROTARY_HEAD_DIMS and head_dim in FA4_TILES:
-        return _fa4_rotating_q(qk, k, v, rope, segments)
-    return attention(apply_rotary(qk[:, 0], rope.cos, rope.sin), k, v, segments, impl)
-
-
 def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
     """cuDNN's ragged layout: one batch row, M segments given by offsets (M+1, the last = T) and lengths.
 
@@ -272,17 +254,6 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
     return flash_attn_varlen(q, k, v, cu, cu, seqused_q=segments.lengths, seqused_k=segments.lengths)
 
 
-def _fa4_rotating_q(qk: jax.Array, k: jax.Array, v: jax.Array, rope: Rotary, segments: Segments) -> jax.Array:
-    """fa4's packed forward on q = qk[:, 0] rotated inside the kernel (`vitjax.fa4_rotary`), k rotated already."""
-    from vitjax import fa4_rotary
-
-    head_dim = qk.shape[-1]
-    kernel = _fa4_sm90_forward(FA4_TILES[head_dim], fa4_rotary.DTYPES[qk.dtype.name], head_dim, 1, True, True)
-    cu = cu_seqlens(segments, qk.shape[0])
-    tables = (rope.positions, rope.cos_at, rope.sin_at)
-    return fa4_rotary.attention(kernel, qk, k, v, cu, segments.lengths, tables)
-
-
 def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
     """Use `tile` for fa4's Hopper forward at `head_dim` from the next trace on (None: fa4-jax's own table).
     Programs compiled before keep the kernel they were traced with."""
@@ -316,23 +287,16 @@ def _route_fa4_schedules() -> None:
 
 
 @functools.cache
-def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int, aux: bool, rotate_q: bool = False):
-    """The Hopper forward kernel object for one schedule (with `rotate_q`, the one that rotates q itself); refused
-    before launch when its buffers do not fit in shared memory (an oversized launch fails inside CUDA and poisons
-    the context)."""
+def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int, aux: bool):
+    """The Hopper forward kernel object for one schedule; refused before launch when its buffers do not fit in
+    shared memory (an oversized launch fails inside CUDA and poisons the context)."""
     from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
     threads = (tile.m // 64 + 1) * 128  # one MMA warpgroup per 64 rows, plus the producer's
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    if rotate_q:
-        from vitjax.fa4_rotary import RotatingQForwardSm90
-
-        kernel_class = functools.partial(RotatingQForwardSm90, head_dim=head_dim)
-    else:
-        kernel_class = FlashAttentionForwardSm90
-    return kernel_class(
+    return FlashAttentionForwardSm90(
         dtype,
         head_dim,
         head_dim,

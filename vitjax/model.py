@@ -14,10 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vitjax.attention import Segments, rotary_attention
+from vitjax.attention import Segments, attention
 from vitjax.config import VisionConfig
 from vitjax.layer_norm import layer_norm
-from vitjax.rotary import Rotary, rotary
 from vitjax.taps import write as tap_write
 
 F32 = jnp.float32
@@ -92,9 +91,10 @@ class Attention(nnx.Module):
         v = _dense(self.qkv, x, w[:, 2 * d :], b[2 * d :]).reshape(x.shape[0], self.num_heads, self.head_dim)
         return qk, v
 
-    def __call__(self, x: jax.Array, rope: Rotary, segments: Segments, impl: str) -> jax.Array:
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
         qk, v = self.qk_v(x)
-        out = rotary_attention(qk, v, rope, segments, impl)
+        q, k = apply_rotary(qk[:, 0], cos, sin), apply_rotary(qk[:, 1], cos, sin)
+        out = attention(q, k, v, segments, impl)
         return self.proj(out.reshape(x.shape))
 
 
@@ -134,8 +134,8 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, dtype, rngs)
         self.mlp = MLP(cfg, dtype, rngs)
 
-    def __call__(self, x: jax.Array, rope: Rotary, segments: Segments, impl: str) -> jax.Array:
-        x = x + self.attn(self.norm1(x), rope, segments, impl)
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
+        x = x + self.attn(self.norm1(x), cos, sin, segments, impl)
         return x + self.mlp(self.norm2(x))
 
 
@@ -155,6 +155,23 @@ class PatchMerger(nnx.Module):
         x = self.norm(x.reshape(-1, wide)) if self.postshuffle else self.norm(x).reshape(-1, wide)
         h = self.linear_fc1(x)
         return self.linear_fc2(jax.nn.gelu(h.astype(F32), approximate=False).astype(h.dtype))
+
+
+def rotary_tables(rope_pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin `[T, head_dim]` in fp32, layout [h | w | h | w] with head_dim/4 frequencies per axis."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, half, 2, dtype=np.float32) / np.float32(half)))
+    angles = (rope_pos.astype(F32)[:, :, None] * inv_freq.astype(np.float32)).reshape(rope_pos.shape[0], half)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """rotate_half rotary on `[T, heads, head_dim]`, in fp32, cast back."""
+    xf = x.astype(F32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
 
 
 def _stacked(make, count: int, rngs: nnx.Rngs):
@@ -195,7 +212,7 @@ class VisionTower(nnx.Module):
         """All blocks under one `scan` (one block compiled). Returns the last hidden state and the deepstack taps
         `[K, T, D]`: tap blocks write their output to their slot (`vitjax.taps`), the others to none (slot K)."""
         cfg = self.cfg
-        rope = rotary(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rotary_tables(inputs.rope_pos, cfg.head_dim, cfg.rope_theta)
         taps = len(cfg.deepstack_visual_indexes)
         slots = np.full(cfg.depth, taps, np.int32)
         slots[list(cfg.deepstack_visual_indexes)] = np.arange(taps)
@@ -204,7 +221,7 @@ class VisionTower(nnx.Module):
         def step(carry, xs):
             h, tapped = carry
             block_params, slot = xs
-            h = nnx.merge(graph, block_params)(h, rope, inputs.segments, impl)
+            h = nnx.merge(graph, block_params)(h, cos, sin, inputs.segments, impl)
             return (h, tap_write(tapped, h, slot) if taps else tapped), None
 
         tapped = jnp.zeros((taps, *x.shape), x.dtype)
