@@ -9,10 +9,11 @@ same process, in two alternating rounds (their spread is the noise), and checked
 correctness cases add odd frame sizes, a 2x2 frame, unused slots, tail padding and NaN in the padding rows
 (real rows must not see it). `--sweep` also runs the earlier studies: the cost of unused segment slots, and
 head_dim 72 zero-padded to 80/96/128 for cuDNN; `--slots` the clips in buckets of up to 512 slots;
-`--many` calls of more than 64 frames (many images, a clip) in their default buckets.
+`--many` calls of more than 64 frames (many images, a clip) in their default buckets; `--clocks` the kernel's
+own device time on 20 x 4800 in calls made after an idle pause and at the end of a long back-to-back run.
 
     PYTHONPATH=. python bench/bench_attention.py [--impls fa4,cudnn_packed] [--head-dims 72,64] [--sweep] [--slots]
-        [--many]
+        [--many] [--clocks]
 
 One JSON object per line, also appended to bench/results/<device>-<date>.jsonl; a short table last.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_vit import versions  # bench/ is on sys.path when run as a script
+from bench_vit import GpuSampler, device_events, versions  # bench/ is on sys.path when run as a script
 
 from vitjax import attention, buckets, layout
 
@@ -202,6 +203,45 @@ def many_frames(impls: list[str], emit, rounds: int = 3) -> None:
             emit({**row, "tflops_pipelined": round(4 * HEADS * 72 * useful / ms / 1e9, 1), **acc[impl]})
 
 
+def kernel_ms(events: list[tuple[str, str, float, float]]) -> list[float]:
+    """Durations (ms, in time order) of the op that took the most device time: the attention kernel."""
+    runs: dict[str, list[float]] = {}
+    for _, op, _, dur in events:
+        runs.setdefault(op, []).append(dur / 1e3)
+    return max(runs.values(), key=sum)
+
+
+def clocks(impls: list[str], emit, calls: int = 5, pause_s: float = 0.5, burst: int = 300) -> None:
+    """20 x 4800 at head_dim 72, the kernel's device time (profiler) two ways: single calls each after an idle pause,
+    when the board runs at its boost clock, and the last third of `burst` back-to-back calls (~1.5 s), when a Hopper
+    board holds its 700 W limit by lowering the clock (nvidia-smi's median clock and power over the burst)."""
+    grids, tokens, slots = CASES["20x4800"]
+    flop = 4 * HEADS * 72 * sum(t * (h * w) ** 2 for t, h, w in grids)
+    q, k, v = random_qkv(72, tokens, 72)
+    fns = {impl: run_fn(impl, case_segments(grids, tokens, slots)) for impl in impls}
+
+    for rnd, impl in rotating_rounds(list(fns), 2):
+        fn = fns[impl]
+
+        def paused(fn=fn):
+            time.sleep(pause_s)
+            return jax.block_until_ready(fn(q, k, v))
+
+        def back_to_back(fn=fn):
+            for _ in range(burst):
+                out = fn(q, k, v)
+            return jax.block_until_ready(out)
+
+        alone = float(np.median(kernel_ms(device_events(paused, calls))))
+        with GpuSampler() as sampler:
+            loaded = kernel_ms(device_events(back_to_back, 1))
+        tail = float(np.median(loaded[-(len(loaded) // 3) :]))
+        row = {"bench": "attention_clock", "frames": "20x4800", "impl": impl, "head_dim": 72, "round": rnd}
+        row.update(paused_ms=round(alone, 4), paused_tflops=round(flop / alone / 1e9, 1))
+        row.update(first_ms=round(float(np.median(loaded[:5])), 4), loaded_ms=round(tail, 4))
+        emit({**row, "loaded_tflops": round(flop / tail / 1e9, 1), "burst": len(loaded), **sampler.stats})
+
+
 def sweep(emit) -> None:
     """The first session's studies: unused segment slots, and cuDNN with head_dim 72 zero-padded."""
     for name in ("20x4800", "20xmixed"):
@@ -268,6 +308,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also the slot-count and padded-head_dim studies")
     ap.add_argument("--slots", action="store_true", help="also the clips in buckets with more segment slots")
     ap.add_argument("--many", action="store_true", help="also calls of more than 64 frames, in their buckets")
+    ap.add_argument("--clocks", action="store_true", help="also the kernel after idle pauses and under load")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     rows, emit = recorder("bench_attention", args.out)
@@ -278,6 +319,8 @@ def main() -> None:
     speed(impls, dims, emit)
     if args.many:
         many_frames([i for i in impls if i != "cudnn_padded"], emit)
+    if args.clocks:
+        clocks([i for i in impls if i != "cudnn_padded"], emit)
     if args.slots:
         clip_slots([i for i in impls if i != "cudnn_padded"], emit)
     if args.sweep:
