@@ -498,13 +498,14 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, attention, call cap, segment ladder, tap write, devices, workload): a later run of
-    the same day supersedes an earlier one."""
+    """The last row of each (impl, attention, call cap, token and segment ladders, tap write, devices, workload): a
+    later run of the same day supersedes an earlier one."""
     keys = {
         (
             r.get("impl"),
             r.get("attention"),
             r.get("max_call_tokens"),
+            r.get("tokens_ladder"),
             str(r.get("segments_ladder")),
             r.get("taps"),
             _gpus(r),
@@ -536,6 +537,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         label = r.get("attention", "") + (f" <={r['max_call_tokens']}" if r.get("max_call_tokens") else "")
+        label += f" t{r['tokens_ladder']}" if r.get("tokens_ladder") else ""
         label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
         label += f" {r['taps']}" if r.get("taps") else ""
         lines.append(
@@ -601,6 +603,11 @@ def main() -> None:
         "requests run as several calls",
     )
     ap.add_argument(
+        "--token-ladders",
+        help="vitjax runs, in this order: token ladders, ';'-separated, each the shipped one ('') or it plus some "
+        "sizes ('+96256'); rows carry any but the shipped one",
+    )
+    ap.add_argument(
         "--segment-ladders",
         help="vitjax runs: segment-slot ladders, ';'-separated (e.g. '1,4,16,64;1,4,16,64,128,256,384'; default: "
         "the shipped one); rows carry the ladder",
@@ -645,13 +652,20 @@ def main() -> None:
     run_hf(cfg, weights, [] if args.no_hf else items, pool, emit)  # the weights come from the HF model
     infos = {}
     ladders = [tuple(map(int, v.split(","))) for v in args.segment_ladders.split(";")] if args.segment_ladders else []
+    token_ladders = args.token_ladders.split(";") if args.token_ladders else [""]
     for spec in args.devices.split(","):
         n = int(spec.removeprefix("sp"))
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
-        for ladder in ladders or [None]:
+        for extra, ladder in itertools.product(token_ladders, ladders or [None]):
             base = policy or BucketPolicy()
-            run_policy = BucketPolicy(base.tokens, ladder, base.granule) if ladder else policy
-            run_emit = (lambda row, ladder=ladder: emit({**row, "segments_ladder": list(ladder)})) if ladder else emit
+            tokens = tuple(sorted({*base.tokens, *map(int, extra.removeprefix("+").split(","))})) if extra else None
+            run_policy = BucketPolicy(tokens or base.tokens, ladder or base.segments, base.granule)
+            run_policy = run_policy if extra or ladder else policy
+            marks = {
+                **({"tokens_ladder": extra} if extra else {}),
+                **({"segments_ladder": list(ladder)} if ladder else {}),
+            }
+            run_emit = (lambda row, marks=marks: emit({**row, **marks})) if marks else emit
             for impl, cap, taps in itertools.product(
                 args.attention.split(",") if args.attention else [None],
                 map(int, args.max_call_tokens.split(",")),
