@@ -44,7 +44,7 @@ from flax import nnx  # noqa: E402
 import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
 from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
-from vitjax.buckets import COMPILER_OPTIONS, Bucket, BucketPolicy, row_view  # noqa: E402
+from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy, row_view  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
@@ -412,6 +412,10 @@ def run_vitjax(
                 )
         pixels = pool[:tokens]
         grid = np.array(grids)
+        for _ in range(FIT_AFTER):  # a size seen again moves to its fitted bucket once that is compiled
+            jax.block_until_ready(enc.encode_patches(pixels, grid))
+        for e in enc.parallel.engines:
+            e.settle()
         t, times = median_time(
             lambda pixels=pixels, grid=grid: jax.block_until_ready(enc.encode_patches(pixels, grid)), reps_for(tokens)
         )
@@ -455,9 +459,11 @@ def run_vitjax(
                             "ms": ms,
                         }
                     )
+            ran = [c.output.shape[0] * engine.cfg.merge_unit for c in engine.run(on_device, grids)]
             del on_device
             row.update(
                 buckets=[list(b) for b, _ in plan],
+                bucket_tokens_run=ran,
                 ms_device_only=t_dev * 1e3,
                 tflops_device_only=(gemm + attn) / t_dev / 1e12,
                 **{f"device_only_{k}": v for k, v in gpu.stats.items()},
@@ -498,14 +504,15 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, attention, call cap, token and segment ladders, tap write, devices, workload): a
-    later run of the same day supersedes an earlier one."""
+    """The last row of each (impl, attention, call cap, token ladder, fit granule, segment ladder, tap write, devices,
+    workload): a later run of the same day supersedes an earlier one."""
     keys = {
         (
             r.get("impl"),
             r.get("attention"),
             r.get("max_call_tokens"),
             r.get("tokens_ladder"),
+            r.get("fit_granule"),
             str(r.get("segments_ladder")),
             r.get("taps"),
             _gpus(r),
@@ -538,6 +545,7 @@ def table(rows: list[dict]) -> str:
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         label = r.get("attention", "") + (f" <={r['max_call_tokens']}" if r.get("max_call_tokens") else "")
         label += f" t{r['tokens_ladder']}" if r.get("tokens_ladder") else ""
+        label += f" fit{r['fit_granule']}" if r.get("fit_granule") is not None else ""
         label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
         label += f" {r['taps']}" if r.get("taps") else ""
         lines.append(
@@ -608,6 +616,11 @@ def main() -> None:
         "sizes ('+96256'); rows carry any but the shipped one",
     )
     ap.add_argument(
+        "--fit-granules",
+        help="vitjax runs, in this order: BucketPolicy.fit_granule values, ';'-separated (0: the ladder's buckets "
+        "only; default: the shipped one); rows carry any but the shipped one",
+    )
+    ap.add_argument(
         "--segment-ladders",
         help="vitjax runs: segment-slot ladders, ';'-separated (e.g. '1,4,16,64;1,4,16,64,128,256,384'; default: "
         "the shipped one); rows carry the ladder",
@@ -653,16 +666,19 @@ def main() -> None:
     infos = {}
     ladders = [tuple(map(int, v.split(","))) for v in args.segment_ladders.split(";")] if args.segment_ladders else []
     token_ladders = args.token_ladders.split(";") if args.token_ladders else [""]
+    fits = [int(v) for v in args.fit_granules.split(";")] if args.fit_granules else [None]
     for spec in args.devices.split(","):
         n = int(spec.removeprefix("sp"))
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
-        for extra, ladder in itertools.product(token_ladders, ladders or [None]):
+        for extra, fit, ladder in itertools.product(token_ladders, fits, ladders or [None]):
             base = policy or BucketPolicy()
             tokens = tuple(sorted({*base.tokens, *map(int, extra.removeprefix("+").split(","))})) if extra else None
-            run_policy = BucketPolicy(tokens or base.tokens, ladder or base.segments, base.granule)
-            run_policy = run_policy if extra or ladder else policy
+            fit_granule = base.fit_granule if fit is None else fit
+            run_policy = BucketPolicy(tokens or base.tokens, ladder or base.segments, base.granule, fit_granule)
+            run_policy = run_policy if extra or ladder or fit is not None else policy
             marks = {
                 **({"tokens_ladder": extra} if extra else {}),
+                **({"fit_granule": fit} if fit is not None else {}),
                 **({"segments_ladder": list(ladder)} if ladder else {}),
             }
             run_emit = (lambda row, marks=marks: emit({**row, **marks})) if marks else emit

@@ -32,14 +32,14 @@ REQUESTS = [
 ]
 
 
-def _random_encoder(**kw):
+def _random_encoder(policy: BucketPolicy = POLICY, **kw):
     """Random fp32 weights drawn in numpy (initializing the Flax modules eagerly compiles dozens of ops)."""
     rng = np.random.default_rng(0)
     shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
     params = jax.tree_util.tree_map_with_path(
         lambda path, s: rng.standard_normal(s.shape, np.float32) * 0.1 + (path[-1].key == "scale"), shapes
     )
-    return vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, **kw)
+    return vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=policy, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,91 @@ def test_policy_fit_and_plan():
     assert len(BucketPolicy().buckets()) == 84
     with pytest.raises(ValueError, match="multiples of 4"):
         BucketPolicy(tokens=(6,))
+
+
+def test_policy_fitted_buckets():
+    """A call's fitted bucket: its tokens rounded up to the fit granule, its slots; none where that saves nothing."""
+    fit = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64, fit_granule=32)
+    assert fit.fitted(Bucket(256, 8), 200) == Bucket(224, 8)
+    assert fit.fitted(Bucket(256, 8), 225) is None  # rounds to 256: the ladder's own bucket
+    assert fit.fitted(Bucket(64, 1), 33) is None
+    assert POLICY.fitted(Bucket(256, 8), 200) is None  # the default granule (2048) is larger than this ladder
+    twenty_photos = BucketPolicy().plan([(1, 80, 60)] * 20)[0][0]
+    assert BucketPolicy().fitted(twenty_photos, 96000) == Bucket(96256, 64)
+    assert BucketPolicy(fit_granule=0).fitted(twenty_photos, 96000) is None
+    assert BucketPolicy().fitted(Bucket(65536, 16), 65280) is None  # 8 x 1080p: 65,536 either way
+    with pytest.raises(ValueError, match="fit_granule"):
+        BucketPolicy(fit_granule=6)
+
+
+FIT_POLICY = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64, fit_granule=32)
+
+
+def _bucket_rows(engine, x, grids) -> list[int]:
+    """The token count of each call's bucket (its output has a row per 2x2 merge group of the bucket)."""
+    return [call.output.shape[0] * 4 for call in engine.run(x, grids)]
+
+
+def test_repeated_sizes_move_to_a_fitted_bucket():
+    """The second call of a size compiles its fitted bucket in the background while it runs in the ladder's; once
+    compiled, calls of that size run there, with the same embeddings."""
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    grids = [(1, 10, 12), (1, 8, 10)]  # 200 tokens: bucket 256, fitted 224
+    x = pixels_for(grids, CFG, seed=5)
+    ladder = enc.encode_patches(x, np.array(grids))
+    assert _bucket_rows(engine, x, grids) == [256]
+    built = engine.compiles
+    engine.settle()
+    assert _bucket_rows(engine, x, grids) == [224]
+    assert engine.compiles == built + 1
+    for got, ref, exact in zip(enc.encode_patches(x, np.array(grids)), ladder, _unbucketed(enc, x, grids), strict=True):
+        _close(got, ref)
+        _close(got, exact)
+    other = [(1, 10, 18)]  # 180 tokens, fitted 192: counted apart
+    y = pixels_for(other, CFG, seed=6)
+    assert _bucket_rows(engine, y, other) == [256]
+    engine.settle()
+    assert _bucket_rows(engine, y, other) == [256]
+    engine.settle()
+    assert _bucket_rows(engine, y, other) == [192]
+    assert _bucket_rows(engine, x, grids) == [224]
+
+
+def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch):
+    monkeypatch.setattr(buckets, "FITTED_EXECUTABLES", 1)
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    first, second = [(1, 10, 20)], [(1, 10, 18)]  # 200 and 180 tokens: fitted 224 and 192
+    x, y = pixels_for(first, CFG, seed=7), pixels_for(second, CFG, seed=8)
+    for _ in range(2):
+        _bucket_rows(engine, x, first), _bucket_rows(engine, y, second)
+    engine.settle()
+    assert _bucket_rows(engine, x, first) == [224]
+    assert _bucket_rows(engine, y, second) == [192]  # the second fitted executable drops the first
+    assert [key[0] for key in engine._fitted] == [Bucket(192, 1)]
+    assert _bucket_rows(engine, x, first) == [256]
+
+    compile_, tries = engine._compile, []
+
+    def failing(bucket, *args):
+        if bucket == Bucket(160, 1):
+            tries.append(bucket)
+            raise RuntimeError("out of memory while autotuning")
+        return compile_(bucket, *args)
+
+    monkeypatch.setattr(engine, "_compile", failing)
+    third = [(1, 10, 16)]  # 160 tokens, fitted 160
+    z = pixels_for(third, CFG, seed=9)
+    expected = enc.encode_patches(z, np.array(third))[0]
+    assert _bucket_rows(engine, z, third) == [256]
+    engine.settle()
+    with pytest.warns(RuntimeWarning, match=r"no fitted bucket .*out of memory while autotuning"):
+        assert _bucket_rows(engine, z, third) == [256]
+    for _ in range(3):
+        _close(enc.encode_patches(z, np.array(third))[0], expected)
+    engine.settle()
+    assert tries == [Bucket(160, 1)]  # tried once, never again
 
 
 def test_default_sampled_videos_fit_the_segment_ladder():
