@@ -3,7 +3,7 @@
 XLA compiles one program per input shape. Every tower call is padded to one of a small set of bucket
 shapes (tokens, frame segments), so a process compiles each bucket once, ahead of time at warm-up or
 on first use, loads it from the persistent compilation cache when another process compiled it before,
-and never compiles again. Padding tokens sit after the last image, belong to no segment (id -1) and
+and never compiles one again. Padding tokens sit after the last image, belong to no segment (id -1) and
 are neither attended nor attending; unused segment slots start at T with length 0.
 
 A size the ladder fits loosely gets a tighter bucket once it repeats: the second call of a size starts compiling
@@ -65,8 +65,8 @@ PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float1
 # can start, and a serving process sees the same image sizes again and again (bench/NOTES.md).
 LAYOUT_CACHE = 16
 # Calls of a size seen `FIT_AFTER` times move, once it is compiled, to a bucket of their tokens rounded up to this (a
-# multiple of MAX_CHUNK_ROWS): padded rows cost the GEMMs and the passes around them, and in a bucket of 96,256 rather
-# than 98,304 tokens the 20-photo call took 1.8% less time on an H100 (bench/NOTES.md).
+# multiple of MAX_CHUNK_ROWS): padded rows cost the GEMMs and the passes around them; on an H100 repeated requests of
+# 4-32 720p images ran 7-8% faster, of 2-8 2K images 2-4%, the 20 photos (96,256 tokens, not 98,304) ~1% (NOTES).
 FIT_GRANULE = 2048
 FIT_AFTER = 2
 # Fitted executables kept per engine (least recently used dropped), and call sizes remembered toward FIT_AFTER.
