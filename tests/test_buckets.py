@@ -125,6 +125,14 @@ def test_repeated_sizes_move_to_a_fitted_bucket():
     assert _bucket_rows(engine, x, grids) == [224]
 
 
+def test_a_warmed_up_bucket_serves_as_the_fitted_one():
+    enc = _random_encoder(FIT_POLICY)
+    enc.warmup([Bucket(224, 8)], run=False)
+    grids = [(1, 10, 12), (1, 8, 10)]  # 200 tokens: fitted 224
+    assert _bucket_rows(enc.parallel.engines[0], pixels_for(grids, CFG, seed=5), grids) == [224]
+    assert enc.parallel.compiles == 1  # the ladder's 256 is never needed
+
+
 def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch):
     monkeypatch.setattr(buckets, "FITTED_EXECUTABLES", 1)
     enc = _random_encoder(FIT_POLICY)

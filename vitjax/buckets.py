@@ -306,6 +306,8 @@ class Engine:
         if key in self._fitted:
             self._fitted.move_to_end(key)
             return fitted
+        if key in self._executables:  # compiled by a warm-up that named it
+            return fitted
         future = self._fitting.get(key)
         if future is None:
             seen = self._sightings[key] = self._sightings.pop(key, 0) + 1
