@@ -81,9 +81,9 @@ def _runs(impl: str) -> bool:
     return attention.fa4_available() if impl == "fa4" else True
 
 
-def _hf(model, pixels: np.ndarray, dtype) -> np.ndarray:
+def _hf(model, pixels: np.ndarray, dtype, grids=GRIDS) -> np.ndarray:
     with torch.inference_mode():
-        out = model(torch.from_numpy(pixels).to("cuda", dtype), grid_thw=torch.tensor(GRIDS, device="cuda"))
+        out = model(torch.from_numpy(pixels).to("cuda", dtype), grid_thw=torch.tensor(grids, device="cuda"))
     return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().cpu().numpy()
 
 
@@ -108,6 +108,28 @@ def test_tower_matches_hf(towers):
         for a, b in zip(outs[names[0]], outs[impl], strict=True):
             cos, _ = _cos_mae(np.asarray(a, np.float32), np.asarray(b, np.float32))
             assert cos > 0.999, (names[0], impl, cos)
+
+
+def test_fitted_bucket_matches_hf(towers):
+    """A repeated request moves to its fitted bucket (4 x 720p: 14,336 tokens instead of the ladder's 16,384) and
+    keeps the ladder bucket's accuracy against HF fp32."""
+    cfg, hf, hf32, encoders = towers
+    enc = encoders[attention.default_implementation()]
+    engine = enc.parallel.engines[0]
+    grids = [(1, 44, 80)] * 4
+    pixels = np.random.default_rng(2).standard_normal((4 * 3520, cfg.patch_dim), dtype=np.float32)
+    ref, hf_bf16 = _hf(hf32, pixels, torch.float32, grids), _hf(hf, pixels, torch.bfloat16, grids)
+    ladder = enc.encode_patches(pixels, np.array(grids))
+    enc.encode_patches(pixels, np.array(grids))  # the second call of the size starts the fitted compile
+    engine.settle()
+    fitted = enc.encode_patches(pixels, np.array(grids))
+    assert [call.output.shape[0] * 4 for call in engine.run(pixels, grids)] == [14336]
+    for i, (start, rows) in enumerate(layout.split_points(grids)):
+        _, hf_mae = _cos_mae(hf_bf16[start : start + rows], ref[start : start + rows])
+        for name, outs in (("ladder", ladder), ("fitted", fitted)):
+            cos, mae = _cos_mae(np.asarray(outs[i], np.float32), ref[start : start + rows])
+            print(f"4 x 720p, image {i}, {name} bucket: cos {cos:.6f} mae {mae:.3e} | HF bf16 mae {hf_mae:.3e}")
+            assert cos > 0.995 and mae <= 2 * hf_mae, (name, i, cos, mae, hf_mae)
 
 
 def test_two_gpus_hold_their_images(towers):
