@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import datetime
 import gzip
 import itertools
@@ -380,7 +381,7 @@ def run_vitjax(
     impl = "" if impl == "auto" else impl  # the machine's choice, per bucket, as the library makes it by default
     if max_call_tokens:
         policy = policy or BucketPolicy()
-        policy = BucketPolicy(tuple(t for t in policy.tokens if t <= max_call_tokens), policy.segments, policy.granule)
+        policy = dataclasses.replace(policy, tokens=tuple(t for t in policy.tokens if t <= max_call_tokens))
     enc = vitjax.Encoder.from_pretrained(
         weights_dir, dtype="bfloat16", buckets=policy, attention=impl or None, **parallel
     )
@@ -463,7 +464,7 @@ def run_vitjax(
                             "ms": ms,
                         }
                     )
-            ran = [c.output.shape[0] * engine.cfg.merge_unit for c in engine.run(on_device, grids)]
+            ran = [c.bucket.tokens for c in engine.run(on_device, grids)]
             del on_device
             row.update(
                 buckets=[list(b) for b, _ in plan],
@@ -676,15 +677,15 @@ def main() -> None:
         parallel = {"devices": n, "sequence_parallel": n if spec.startswith("sp") else 1}
         for extra, fit, ladder in itertools.product(token_ladders, fits, ladders or [None]):
             base = policy or BucketPolicy()
-            tokens = tuple(sorted({*base.tokens, *map(int, extra.removeprefix("+").split(","))})) if extra else None
-            fit_granule = base.fit_granule if fit is None else fit
-            run_policy = BucketPolicy(tokens or base.tokens, ladder or base.segments, base.granule, fit_granule)
-            run_policy = run_policy if extra or ladder or fit is not None else policy
-            marks = {
-                **({"tokens_ladder": extra} if extra else {}),
-                **({"fit_granule": fit} if fit is not None else {}),
-                **({"segments_ladder": list(ladder)} if ladder else {}),
-            }
+            changes, marks = {}, {}
+            if extra:
+                changes["tokens"] = tuple(sorted({*base.tokens, *map(int, extra.removeprefix("+").split(","))}))
+                marks["tokens_ladder"] = extra
+            if fit is not None:
+                changes["fit_granule"] = marks["fit_granule"] = fit
+            if ladder:
+                changes["segments"], marks["segments_ladder"] = ladder, list(ladder)
+            run_policy = dataclasses.replace(base, **changes) if changes else policy
             run_emit = (lambda row, marks=marks: emit({**row, **marks})) if marks else emit
             for impl, cap, taps in itertools.product(
                 args.attention.split(",") if args.attention else [None],

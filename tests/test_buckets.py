@@ -95,8 +95,10 @@ FIT_POLICY = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64, fi
 
 
 def _bucket_rows(engine, x, grids) -> list[int]:
-    """The token count of each call's bucket (its output has a row per 2x2 merge group of the bucket)."""
-    return [call.output.shape[0] * 4 for call in engine.run(x, grids)]
+    """The token count of each call's bucket, checked against its output (a row per 2x2 merge group)."""
+    calls = engine.run(x, grids)
+    assert [c.output.shape[0] * 4 for c in calls] == [c.bucket.tokens for c in calls]
+    return [c.bucket.tokens for c in calls]
 
 
 def test_repeated_sizes_move_to_a_fitted_bucket():

@@ -168,6 +168,7 @@ class Call(NamedTuple):
     output: jax.Array  # [bucket tokens / 4, output width]
     images: list[int]  # indices into the request
     spans: list[tuple[int, int]]  # (first output row, rows) per image
+    bucket: Bucket  # the shape it ran in (the ladder's, or a fitted one)
 
 
 def _program(
@@ -296,18 +297,20 @@ class Engine:
         options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
         return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
-    def _fit(self, bucket: Bucket, rows: int, pixel_dtype: np.dtype, longest: int) -> Bucket:
-        """The bucket a call of `rows` runs in: its fitted bucket (`BucketPolicy.fitted`) once that is compiled,
-        else `bucket`. The `FIT_AFTER`-th call of a size starts the compile on a background thread."""
+    def _fit(self, bucket: Bucket, rows: int, pixel_dtype: np.dtype, longest: int) -> tuple[Bucket, np.dtype, int]:
+        """The executable key a call of `rows` in `bucket` runs under: its fitted bucket's (`BucketPolicy.fitted`)
+        once that is compiled, else the ladder bucket's. The `FIT_AFTER`-th call of a size starts the compile on a
+        background thread."""
+        ladder = (bucket, pixel_dtype, self._max_length(bucket, longest))
         fitted = self.policy.fitted(bucket, rows)
         if fitted is None or fitted.tokens % (4 * len(self.devices)):
-            return bucket
+            return ladder
         key = (fitted, pixel_dtype, self._max_length(fitted, longest))
         if key in self._fitted:
             self._fitted.move_to_end(key)
-            return fitted
+            return key
         if key in self._executables:  # compiled by a warm-up that named it
-            return fitted
+            return key
         future = self._fitting.get(key)
         if future is None:
             seen = self._sightings[key] = self._sightings.pop(key, 0) + 1
@@ -315,9 +318,9 @@ class Engine:
                 self._sightings.popitem(last=False)
             if seen >= FIT_AFTER and key not in self._unfit:
                 self._fitting[key] = _fitter().submit(self._compile, *key)
-            return bucket
+            return ladder
         if not future.done():
-            return bucket
+            return ladder
         del self._fitting[key]
         self._sightings.pop(key, None)
         try:
@@ -326,12 +329,12 @@ class Engine:
             self._unfit.add(key)
             message = f"vitjax: no fitted bucket {fitted} ({e}); calls of {rows} tokens stay in {bucket}"
             warnings.warn(message, RuntimeWarning, stacklevel=3)
-            return bucket
+            return ladder
         self.compiles += 1
         self._fitted[key] = None
         while len(self._fitted) > FITTED_EXECUTABLES:
             del self._executables[self._fitted.popitem(last=False)[0]]
-        return fitted
+        return key
 
     def settle(self) -> None:
         """Wait for the fitted buckets being compiled; the next call of each size runs in it (benchmarks, tests)."""
@@ -368,17 +371,16 @@ class Engine:
         elif self.devices[0] not in pixel_values.devices():
             pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls = []
-        row = first_row
-        for bucket, images in self.policy.plan(grids):
+        row, dtype = first_row, _pixel_dtype(pixel_values)
+        for ladder_bucket, images in self.policy.plan(grids):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
-            longest = max(g[1] * g[2] for g in call_grids)
-            bucket = self._fit(bucket, rows, _pixel_dtype(pixel_values), longest)
-            exe = self.executable(bucket, _pixel_dtype(pixel_values), self._max_length(bucket, longest))
-            output = exe(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
+            key = self._fit(ladder_bucket, rows, dtype, max(g[1] * g[2] for g in call_grids))
+            bucket = key[0]
+            output = self.executable(*key)(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
             if self._mesh is not None:  # replicated: keep the first device's copy
                 output = next(s.data for s in output.addressable_shards if s.device == self.devices[0])
-            calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit)))
+            calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit), bucket))
             row += rows
         return calls
 
