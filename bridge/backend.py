@@ -8,6 +8,11 @@ before SGLang starts, and every process reads them back from there.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # vitjax.buckets imports JAX, which SGLang's tokenizer processes do not need
+    from vitjax.buckets import Bucket, BucketPolicy
 
 BACKEND_ENV = "VITJAX_MM_ENCODER_BACKEND"
 BACKENDS = ("jax", "torch")
@@ -25,10 +30,43 @@ VLM_CACHE_ENV = "SGLANG_VLM_CACHE_SIZE_MB"
 VLM_CACHE_MB = 4096
 # Which bucket executables the tower compiles before SGLang sizes its KV cache ("all", "none", "512,4096").
 WARMUP_ENV = "VITJAX_WARMUP"
+# The granule of fitted buckets (`vitjax.buckets.BucketPolicy.fit_granule`): a repeated call size moves to a bucket
+# of its tokens rounded up to this, compiled on a background thread while serving; "0" keeps every call on the ladder.
+FIT_GRANULE_ENV = "VITJAX_FIT_GRANULE"
 # A file to append one JSON line per tower call to (pid, grid_thw, seconds): what ran, where, how long.
 TRACE_ENV = "VITJAX_TRACE"
 # JAX must not take GPU memory that SGLang's KV-cache sizing counts on: allocate on demand.
 XLA_MEMORY_ENVS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def bucket_policy(environ: Mapping[str, str] | None = None) -> BucketPolicy:
+    """The tower's bucket policy: vitjax's default, with the fitted-bucket granule `VITJAX_FIT_GRANULE` sets."""
+    from vitjax.buckets import BucketPolicy
+
+    env = os.environ if environ is None else environ
+    value = env.get(FIT_GRANULE_ENV, "").strip()
+    if not value:
+        return BucketPolicy()
+    try:
+        return BucketPolicy(fit_granule=int(value))
+    except ValueError:
+        raise ValueError(f"{FIT_GRANULE_ENV}={value!r}: expected 0 (off) or a multiple of 4 tokens") from None
+
+
+def warmup_buckets(policy: BucketPolicy, environ: Mapping[str, str] | None = None) -> list[Bucket] | None:
+    """The buckets `VITJAX_WARMUP` asks to compile before serving: None for "all" (the default), none for
+    "none", or those of the listed token sizes ("512,4096"), which must be sizes of `policy`'s ladder."""
+    env = os.environ if environ is None else environ
+    choice = env.get(WARMUP_ENV, "all").strip()
+    if choice in ("all", "none"):
+        return None if choice == "all" else []
+    try:
+        sizes = {int(v) for v in choice.split(",")}
+    except ValueError:
+        sizes = set()
+    if not sizes or not sizes <= set(policy.tokens):
+        raise ValueError(f"{WARMUP_ENV}={choice!r}: expected all, none or bucket sizes from {policy.tokens}")
+    return [b for b in policy.buckets() if b.tokens in sizes]
 
 
 def current() -> str:
@@ -55,5 +93,7 @@ def configure(backend: str, environ: dict[str, str] | None = None) -> dict[str, 
     for name, needed in ((PACKAGE_ENV, PACKAGE), (PROCESSORS_ENV, PROCESSORS)):
         if backend == "jax" and env.get(name, needed) != needed:
             raise ValueError(f"{name} is already set to {env[name]!r}; the jax backend needs {needed!r}")
+    if backend == "jax":  # the tower reads these after SGLang has loaded the language model: check them now
+        warmup_buckets(bucket_policy(env), env)
     env.update(wanted)
     return wanted

@@ -97,6 +97,7 @@ class JaxVisionTower(nn.Module):
         dtype = str(self.dtype).removeprefix("torch.")
         kw.setdefault("devices", [jax_device(self.device)])
         kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
+        kw.setdefault("buckets", backend.bucket_policy())
         self.encoder = vitjax.Encoder.from_params(self.config, params, dtype, model_id=model_id or where, **kw)
 
     def warmup(self, buckets: Sequence[Bucket] | None = None) -> None:
@@ -105,21 +106,7 @@ class JaxVisionTower(nn.Module):
 
     def warmup_for_serving(self) -> None:
         """The warm-up `VITJAX_WARMUP` asks for: "all" buckets (default), "none", or token sizes "512,4096"."""
-        choice = os.environ.get(backend.WARMUP_ENV, "all").strip()
-        if choice == "none":
-            return
-        policy = self._ready().parallel.engines[0].policy
-        if choice == "all":
-            self.warmup()
-            return
-        try:
-            sizes = {int(v) for v in choice.split(",")}
-        except ValueError:
-            sizes = set()
-        if not sizes or not sizes <= set(policy.tokens):
-            known = policy.tokens
-            raise ValueError(f"{backend.WARMUP_ENV}={choice!r}: expected all, none or bucket sizes from {known}")
-        self.warmup([b for b in policy.buckets() if b.tokens in sizes])
+        self.warmup(backend.warmup_buckets(self._ready().parallel.engines[0].policy))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
         encoder = self._ready()

@@ -145,6 +145,9 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(UsageError, match=r"\['LlamaForCausalLM'\] is not Qwen3-VL; --mm-encoder-backend jax serves"):
         prepare(["--mm-encoder-backend", "jax", "--model-path", str(other)])
+    monkeypatch.setenv(backend.FIT_GRANULE_ENV, "6")  # read only after the language model loads: checked here
+    with pytest.raises(UsageError, match=r"VITJAX_FIT_GRANULE='6': expected 0 \(off\) or a multiple of 4 tokens"):
+        prepare(["--model-path", str(dense)])
     # The same refusal from the command line: exit 2 and one line, before SGLang starts.
     proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--model-path", str(other)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, pixels_for
+from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, hf_vision_model, pixels_for
 from safetensors.torch import load_file
 
 import bridge
 import vitjax
-from bridge import dlpack
+from bridge import backend, dlpack
+from vitjax.buckets import FIT_GRANULE, Bucket, BucketPolicy
 from vitjax.weights import CheckpointError
 
 
@@ -71,6 +72,44 @@ def test_tower_rejects_bad_weights_and_bad_calls_by_name(tiny):
     with pytest.raises(ValueError, match=r"divisible by 2"):
         tower(pixels, torch.tensor([[1, 2, 8], [1, 1, 3]]))
     assert tower.calls == 0
+
+
+def test_serving_settings_are_read_from_the_environment_and_refused_by_name(monkeypatch):
+    """`VITJAX_FIT_GRANULE` and `VITJAX_WARMUP` as SGLang's processes read them; bad values are refused when the
+    launcher writes the environment, naming the variable, before SGLang starts."""
+    policy = BucketPolicy()
+    assert backend.bucket_policy({}).fit_granule == FIT_GRANULE
+    assert backend.bucket_policy({backend.FIT_GRANULE_ENV: " 0 "}).fit_granule == 0
+    assert backend.bucket_policy({backend.FIT_GRANULE_ENV: "4096"}).fit_granule == 4096
+    assert (
+        backend.warmup_buckets(policy, {}) is None and backend.warmup_buckets(policy, {"VITJAX_WARMUP": "none"}) == []
+    )
+    assert backend.warmup_buckets(policy, {"VITJAX_WARMUP": "512,4096"}) == [
+        b for b in policy.buckets() if b.tokens in (512, 4096)
+    ]
+    bad = [
+        ({backend.FIT_GRANULE_ENV: "1000.5"}, r"VITJAX_FIT_GRANULE='1000\.5': expected 0 \(off\) or a multiple of 4"),
+        ({backend.FIT_GRANULE_ENV: "-4"}, r"VITJAX_FIT_GRANULE='-4'"),
+        ({backend.FIT_GRANULE_ENV: "6"}, r"VITJAX_FIT_GRANULE='6'"),
+        ({backend.WARMUP_ENV: "500"}, r"VITJAX_WARMUP='500': expected all, none or bucket sizes from \(512, 1024"),
+        ({backend.WARMUP_ENV: "big"}, r"VITJAX_WARMUP='big'"),
+    ]
+    for env, message in bad:
+        with pytest.raises(ValueError, match=message):
+            backend.configure("jax", dict(env))
+    assert backend.configure("torch", {backend.FIT_GRANULE_ENV: "6"}) == {backend.BACKEND_ENV: "torch"}
+
+    # The tower builds its encoder with that policy and warms up what was asked.
+    cfg = TINY["hd72"]
+    named = [(k, v.numpy()) for k, v in hf_vision_model(cfg).state_dict().items()]
+    monkeypatch.setenv(backend.FIT_GRANULE_ENV, "0")
+    monkeypatch.setenv(backend.WARMUP_ENV, "512")
+    tower = bridge.JaxVisionTower(config=cfg, device="cpu", dtype=torch.float32)
+    tower.load(named, where="test")
+    engine = tower.encoder.parallel.engines[0]
+    assert engine.policy.fit_granule == 0 and engine.compiles == 0
+    tower.warmup_for_serving()
+    assert engine.compiles == 1 and [k[0] for k in engine._executables] == [Bucket(512, 1)]  # noqa: SLF001
 
 
 def test_dlpack_shares_memory_both_ways():

@@ -16,6 +16,7 @@ from conftest import MAX_PIXELS, PHOTOS
 from safetensors.numpy import load_file
 
 import vitjax
+from vitjax.buckets import FIT_GRANULE
 from vitjax.cli import main as cli_main
 
 
@@ -68,6 +69,8 @@ def test_version_and_help(capsys):
         (["--fps", "1", "--num-frames", "4"], "--num-frames 4: excludes --fps 1.0; give one of them"),
         (["--video-max-pixels", "100"], "--video-max-pixels 100: must be from 1024 to --pixel-limit 16777216"),
         (["--sequence-parallel", "3"], "--devices 1 --sequence-parallel 3: sequence_parallel=3 does not divide"),
+        (["--fit-granule", "6"], "--fit-granule 6: must be 0 (off) or a multiple of 4"),
+        (["--fit-granule", "-4"], "--fit-granule -4: must be 0 (off) or a multiple of 4"),
     ],
 )
 def test_bad_settings_are_one_line_before_the_model(config_only, tmp_path, capsys, options, message):
@@ -135,6 +138,25 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
     code, stdout, err = run(capsys, "--files-from", "-", *common)
     assert code == 0 and not stdout and "encoding" in err and "wrote 1 of 1 images" in err
     assert load_file(out)["0.embeds"].shape[1] == enc.cfg.out_hidden_size
+
+
+def test_fit_granule_reaches_the_encoder(checkpoint, tmp_path, capsys, monkeypatch):
+    """The encoder is built with the bucket policy --fit-granule asks for (vitjax's default without it)."""
+    built = []
+    load = vitjax.Encoder.from_pretrained
+
+    def recording(path, **kw):
+        built.append(kw["buckets"].fit_granule)
+        return load(path, **kw)
+
+    monkeypatch.setattr(vitjax.Encoder, "from_pretrained", recording)
+    common = [str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-q"]
+    assert run(capsys, *common, "-o", str(tmp_path / "a.safetensors"), "--fit-granule", "0")[0] == 0
+    assert run(capsys, *common, "-o", str(tmp_path / "b.safetensors"))[0] == 0
+    assert built == [0, FIT_GRANULE]
+    np.testing.assert_array_equal(
+        load_file(tmp_path / "a.safetensors")["0.embeds"], load_file(tmp_path / "b.safetensors")["0.embeds"]
+    )
 
 
 def test_broken_link_in_a_folder_is_named_and_the_rest_written(checkpoint, tmp_path, capsys):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitjax
+from vitjax.buckets import FIT_GRANULE, BucketPolicy
 from vitjax.config import PRESETS, VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
@@ -154,6 +155,10 @@ def _encode(args: argparse.Namespace) -> int:
         if not dali.available():
             raise UsageError("--decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'")
     try:
+        policy = BucketPolicy(fit_granule=args.fit_granule)
+    except ValueError as e:
+        raise UsageError(f"--fit-granule {args.fit_granule}: must be 0 (off) or a multiple of 4") from e
+    try:
         from vitjax.parallel import device_groups, pick_devices
 
         device_groups(pick_devices(args.devices), args.sequence_parallel)
@@ -164,7 +169,7 @@ def _encode(args: argparse.Namespace) -> int:
     for error in missing.values():
         print(f"vitjax: error: {error}", file=sys.stderr)
     todo = [item for i, item in enumerate(items) if i not in missing]
-    encoded, decoder = _run_encoder(args, cfg, settings, todo, say) if todo else ([], args.decoder)
+    encoded, decoder = _run_encoder(args, cfg, settings, policy, todo, say) if todo else ([], args.decoder)
     encoded = iter(encoded)
     results = [missing[i] if i in missing else next(encoded) for i in range(len(items))]
     failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ImageInputError)]
@@ -240,12 +245,14 @@ class _Written:
         self.deepstack = np.ascontiguousarray(features[:, width:].reshape(self.tokens, -1, width).transpose(1, 0, 2))
 
 
-def _run_encoder(args, cfg: VisionConfig, settings: EncodeSettings, items: list, say) -> tuple[list, str]:
+def _run_encoder(
+    args, cfg: VisionConfig, settings: EncodeSettings, policy: BucketPolicy, items: list, say
+) -> tuple[list, str]:
     """Build the encoder (the slow part) and encode `items`: per item an `ImageInputError` or a `_Written`; and
     the decoder that `--decoder` resolved to."""
     from vitjax.weights import CheckpointError
 
-    parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel}
+    parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel, "buckets": policy}
     try:
         if args.model:
             enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=not args.quiet, **parallel)
@@ -353,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="groups of N devices share each call's tokens (Ulysses); N divides --devices (default: %(default)s)",
+    )
+    enc.add_argument(
+        "--fit-granule",
+        type=int,
+        default=FIT_GRANULE,
+        metavar="N",
+        help="a call size seen twice moves to a bucket of its tokens rounded up to N, compiled in the background "
+        "(fewer padded rows); 0 keeps every call on the bucket ladder (default: %(default)s)",
     )
     enc.add_argument(
         "--decoder",
