@@ -99,13 +99,15 @@ def flops(cfg: vitjax.VisionConfig, grids) -> tuple[float, float]:
     return float(gemm), float(attn)
 
 
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def median_time(fn, reps: int) -> tuple[float, list[float]]:
     fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times = [_timed(fn) for _ in range(reps)]
     return float(np.median(times)), times
 
 
@@ -367,11 +369,14 @@ def run_vitjax(
     attention: str | None = None,
     profile: bool = False,
     max_call_tokens: int = 0,
+    fit_under_load: bool = False,
 ) -> dict:
     """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
     `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements.
     `profile`: the device-only call's device ops too (`tower_op` rows, largest first). `max_call_tokens`: the
-    token ladder cut there, so a larger request runs as several calls (rows then carry the cap)."""
+    token ladder cut there, so a larger request runs as several calls (rows then carry the cap). `fit_under_load`:
+    calls go on while a fitted bucket compiles, as a server's would (their times in `ms_during_fit`), instead of
+    waiting for it on an idle GPU."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
     impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
@@ -413,16 +418,21 @@ def run_vitjax(
                 )
         pixels = pool[:tokens]
         grid = np.array(grids)
-        for _ in range(FIT_AFTER):  # a size seen again moves to its fitted bucket once that is compiled
+
+        def call(pixels=pixels, grid=grid) -> None:
             jax.block_until_ready(enc.encode_patches(pixels, grid))
+
+        sightings = []
+        for _ in range(FIT_AFTER):  # a size seen again moves to its fitted bucket once that is compiled
+            sightings.append(_timed(call))
+        during, fit_start = [], time.perf_counter()
+        while fit_under_load and any(not f.done() for e in enc.parallel.engines for f in e._fitting.values()):
+            during.append(_timed(call))  # requests served while the fitted bucket compiles (and autotunes)
+        fit_wait = time.perf_counter() - fit_start
         for e in enc.parallel.engines:
             e.settle()
-        start = time.perf_counter()  # the first call in a newly fitted bucket (its first execution)
-        jax.block_until_ready(enc.encode_patches(pixels, grid))
-        first = time.perf_counter() - start
-        t, times = median_time(
-            lambda pixels=pixels, grid=grid: jax.block_until_ready(enc.encode_patches(pixels, grid)), reps_for(tokens)
-        )
+        first = _timed(call)  # the first call in a newly fitted bucket (its first execution)
+        t, times = median_time(call, reps_for(tokens))
         gemm, attn = flops(cfg, grids)
         stats = jax.devices()[0].memory_stats() or {}
         row = {
@@ -436,11 +446,14 @@ def run_vitjax(
             "ms": t * 1e3,
             "ms_all": [round(v * 1e3, 3) for v in times],
             "ms_first_after_fit": first * 1e3,
+            "ms_sightings": [round(v * 1e3, 3) for v in sightings],
             "tflops": (gemm + attn) / t / 1e12,
             "gemm_tflop": gemm / 1e12,
             "attention_tflop": attn / 1e12,
             "peak_gpu_gib_process": stats.get("peak_bytes_in_use", 0) / 2**30,
         }
+        if fit_under_load:
+            row.update(ms_during_fit=[round(v * 1e3, 3) for v in during], fit_wait_s=fit_wait)
         if devices == 1:
             on_device = jax.device_put(pixels)  # float32 like the host path: the same executable
 
@@ -626,6 +639,12 @@ def main() -> None:
         "only; default: the shipped one); rows carry any but the shipped one",
     )
     ap.add_argument(
+        "--fit-under-load",
+        action="store_true",
+        help="calls go on while each fitted bucket compiles, as a server's would (rows get ms_during_fit), instead "
+        "of waiting for the compile on an idle GPU",
+    )
+    ap.add_argument(
         "--segment-ladders",
         help="vitjax runs: segment-slot ladders, ';'-separated (e.g. '1,4,16,64;1,4,16,64,128,256,384'; default: "
         "the shipped one); rows carry the ladder",
@@ -706,6 +725,7 @@ def main() -> None:
                         attention=impl,
                         profile=args.profile,
                         max_call_tokens=cap,
+                        fit_under_load=args.fit_under_load,
                     )
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
