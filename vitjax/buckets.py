@@ -66,7 +66,7 @@ PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float1
 LAYOUT_CACHE = 16
 # Calls of a size seen `FIT_AFTER` times move, once it is compiled, to a bucket of their tokens rounded up to this (a
 # multiple of MAX_CHUNK_ROWS): padded rows cost the GEMMs and the passes around them; on an H100 repeated requests of
-# 4-32 720p images ran 7-8% faster, of 2-8 2K images 2-4%, the 20 photos (96,256 tokens, not 98,304) ~1% (NOTES).
+# 4-32 720p images ran 6-8% faster, of 2-8 2K images 1-4%, the 20 photos (96,256 tokens, not 98,304) 0-3% (NOTES).
 FIT_GRANULE = 2048
 FIT_AFTER = 2
 # Fitted executables kept per engine (least recently used dropped), and call sizes remembered toward FIT_AFTER.
@@ -385,8 +385,8 @@ class Engine:
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit), bucket))
             row += rows
         # Fitted compiles start once the request is dispatched: their tracing holds Python's lock most of the time,
-        # and started before the dispatch it held that back (on an H100 the call that started a compile took
-        # +140-380 ms); now it overlaps the device work instead.
+        # and started before the dispatch it held that back (on an H100 the call that started one took +140-380 ms);
+        # started here it overlaps the call's device work, which hides it on large calls of few images (NOTES).
         for key in wanted:
             if key not in self._fitting:
                 self._fitting[key] = _fitter().submit(self._compile, *key)
