@@ -426,7 +426,7 @@ def run_vitjax(
         for _ in range(FIT_AFTER):  # a size seen again moves to its fitted bucket once that is compiled
             sightings.append(_timed(call))
         during, fit_start = [], time.perf_counter()
-        while fit_under_load and any(not f.done() for e in enc.parallel.engines for f in e._fitting.values()):
+        while fit_under_load and not all(e.settle(timeout=0) for e in enc.parallel.engines):
             during.append(_timed(call))  # requests served while the fitted bucket compiles (and autotunes)
         fit_wait = time.perf_counter() - fit_start
         for e in enc.parallel.engines:

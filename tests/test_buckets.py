@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -142,18 +143,20 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch)
     first, second = [(1, 10, 20)], [(1, 10, 18)]  # 200 and 180 tokens: fitted 224 and 192
     x, y = pixels_for(first, CFG, seed=7), pixels_for(second, CFG, seed=8)
     for _ in range(2):
-        _bucket_rows(engine, x, first), _bucket_rows(engine, y, second)
-    engine.settle()
+        _bucket_rows(engine, x, first)
+        _bucket_rows(engine, y, second)
+    assert engine.settle()
     assert _bucket_rows(engine, x, first) == [224]
     assert _bucket_rows(engine, y, second) == [192]  # the second fitted executable drops the first
     assert [key[0] for key in engine._fitted] == [Bucket(192, 1)]
     assert _bucket_rows(engine, x, first) == [256]
 
-    compile_, tries = engine._compile, []
+    compile_, tries, release = engine._compile, [], threading.Event()
 
     def failing(bucket, *args):
         if bucket == Bucket(160, 1):
             tries.append(bucket)
+            release.wait(60)
             raise RuntimeError("out of memory while autotuning")
         return compile_(bucket, *args)
 
@@ -162,7 +165,10 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch)
     z = pixels_for(third, CFG, seed=9)
     expected = enc.encode_patches(z, np.array(third))[0]
     assert _bucket_rows(engine, z, third) == [256]
-    engine.settle()
+    assert not engine.settle(timeout=0.2)  # the compile is still running; calls stay on the ladder meanwhile
+    assert _bucket_rows(engine, z, third) == [256]
+    release.set()
+    assert engine.settle()
     with pytest.warns(RuntimeWarning, match=r"no fitted bucket .*out of memory while autotuning"):
         assert _bucket_rows(engine, z, third) == [256]
     for _ in range(3):

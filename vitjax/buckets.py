@@ -338,9 +338,10 @@ class Engine:
             del self._executables[self._fitted.popitem(last=False)[0]]
         return key
 
-    def settle(self) -> None:
-        """Wait for the fitted buckets being compiled; the next call of each size runs in it (benchmarks, tests)."""
-        concurrent.futures.wait(list(self._fitting.values()))
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait (at most `timeout` seconds) for the fitted buckets being compiled; the next call of each size runs in
+        it (benchmarks, tests). True when none is still compiling."""
+        return not concurrent.futures.wait(list(self._fitting.values()), timeout).not_done
 
     def warmup(
         self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32, run: bool = True
