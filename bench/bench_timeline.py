@@ -24,7 +24,7 @@ from bench_attention import recorder  # bench/ is on sys.path when run as a scri
 from bench_vit import RESOLUTIONS, device_events
 
 import vitjax
-from vitjax import buckets
+from vitjax import buckets, row_views
 
 WORKLOADS = {"1x720p": (1, "720p"), "20x960x1280": (20, "960x1280")}
 MODES = {"before": (0, False), "layouts_kept": (buckets.LAYOUT_CACHE, False), "shipped": (buckets.LAYOUT_CACHE, True)}
@@ -69,11 +69,11 @@ def main() -> None:
     enc = vitjax.Encoder.random("qwen3-vl-8b", attention=args.attention)
     engine = enc.parallel.engines[0]
     rng = np.random.default_rng(0)
-    private_views = buckets._import_rows
+    private_views = row_views._import_rows
     for (name, (count, res)), mode in ((w, m) for w in WORKLOADS.items() for m in [*MODES] * 2):
         cache, private = MODES[mode]
         buckets.LAYOUT_CACHE = cache
-        buckets._import_rows = private_views if private else lambda *_: None
+        row_views._import_rows = private_views if private else lambda *_: None
         grids = [RESOLUTIONS[res]] * count
         rows = sum(t * h * w for t, h, w in grids)
         pixels = jax.device_put(rng.standard_normal((rows, enc.cfg.patch_dim), np.float32))

@@ -45,8 +45,9 @@ from flax import nnx  # noqa: E402
 import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
 from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
-from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy, row_view  # noqa: E402
+from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
+from vitjax.row_views import row_view  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
 RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}

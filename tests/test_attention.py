@@ -1,0 +1,126 @@
+"""The attention paths off the GPU: the padded batch's gather/scatter, the automatic choice of path, fa4's
+schedules and segment boundaries (the kernels themselves run in tests/test_gpu_parity.py)."""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitjax import attention, layout
+
+
+@pytest.mark.parametrize("head_dim", [64, 72])
+def test_padded_batch_matches_reference(head_dim):
+    """The gather/scatter around the public API (run here with XLA): unused slots, padding, unequal frames."""
+    grids = [(1, 4, 6), (2, 2, 4), (1, 6, 6)]
+    packed = layout.pack(grids, 128, 8)
+    rng = np.random.default_rng(6)
+    q, k, v = (jnp.asarray(rng.standard_normal((128, 2, head_dim), np.float32)) for _ in range(3))
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=36)
+    ref = attention.attention(q, k, v, seg, "reference")
+    got = attention.padded_batch(q, k, v, seg, "xla")
+    real = packed.segment_ids >= 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real], atol=1e-5)
+    assert np.all(np.asarray(got)[~real] == 0)
+
+
+def test_default_implementation(monkeypatch):
+    monkeypatch.delenv(attention.ENV_VAR, raising=False)
+    assert attention.default_implementation() == "reference"  # CPU
+    monkeypatch.setenv(attention.ENV_VAR, "cudnn_padded")
+    assert attention.default_implementation() == "cudnn_padded"
+    monkeypatch.setenv(attention.ENV_VAR, "flash")
+    with pytest.raises(ValueError, match="unknown attention implementation"):
+        attention.default_implementation()
+    assert attention.cudnn_packed_available() is False
+
+
+def test_select_implementation():
+    """The automatic choice: fa4 only on all-Hopper devices with a verified fa4-jax; cuDNN packed on Hopper or newer
+    with a usable entry point; the padded cuDNN path on other GPUs; XLA off the GPU."""
+    fa4 = attention.FA4_VERIFIED[0]
+    select = attention.select_implementation
+    assert select("cpu", [], fa4, True) == "reference"
+    assert select("gpu", ["9.0"], fa4, True) == "fa4"
+    assert select("gpu", ["9.0", "9.0"], fa4, False) == "fa4"
+    assert select("gpu", ["9.0"], None, True) == "cudnn_packed"  # not installed: cuDNN is the fallback
+    assert select("gpu", ["9.0"], "0.0.1", True) == "cudnn_packed"  # a release nobody checked
+    assert select("gpu", ["10.0"], fa4, True) == "cudnn_packed"  # Blackwell: fa4 not measured there
+    assert select("gpu", ["9.0", "8.0"], fa4, True) == "cudnn_padded"  # one Ampere device rules both out
+    assert select("gpu", ["8.6"], fa4, True) == "cudnn_padded"
+    assert select("gpu", ["9.0"], None, False) == "cudnn_padded"
+
+
+def test_bucket_implementation(monkeypatch):
+    """The automatic fa4 choice runs buckets past FA4_MAX_SEGMENTS slots (a video's slices) through cuDNN's packed
+    path where its entry point is usable; a path the caller named runs in every bucket."""
+    pick = attention.bucket_implementation
+    monkeypatch.setattr(attention, "_packed_entry", lambda: (None, None))
+    assert [pick("fa4", s, True) for s in (1, 64, 65, 384)] == ["fa4", "fa4", "cudnn_packed", "cudnn_packed"]
+    assert pick("fa4", 384, False) == "fa4"
+    assert [pick(impl, 384, True) for impl in ("cudnn_padded", "reference")] == ["cudnn_padded", "reference"]
+    monkeypatch.setattr(attention, "_packed_entry", lambda: None)
+    assert pick("fa4", 384, True) == "fa4"
+
+
+def test_fa4_needs_its_package():
+    if attention.fa4_version() is not None:
+        pytest.skip("fa4-jax is installed here")
+    assert attention.fa4_available() is False
+    with pytest.raises(ValueError, match="fa4-jax"):
+        attention.check_implementation("fa4")
+
+
+@pytest.mark.parametrize(
+    "text, tile",
+    [
+        ("192x144ss", attention.Fa4Tile(192, 144, False, 2)),
+        ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
+        ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
+        ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
+    ],
+)
+def test_fa4_tile_names(text, tile):
+    assert attention.Fa4Tile.parse(text) == tile and str(tile) == text
+
+
+@pytest.mark.parametrize("text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x"])
+def test_fa4_tile_bad_names(text):
+    with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
+        attention.Fa4Tile.parse(text)
+
+
+def test_set_fa4_tile_without_the_package(monkeypatch):
+    """Choosing a schedule only records it (fa4-jax is imported at the first fa4 trace); None restores fa4-jax's."""
+    monkeypatch.setattr(attention, "FA4_TILES", dict(attention.FA4_TILES))
+    tile = attention.Fa4Tile(128, 176, True)
+    attention.set_fa4_tile(64, tile)
+    assert attention.FA4_TILES[64] == tile
+    attention.set_fa4_tile(64, None)
+    assert 64 not in attention.FA4_TILES
+
+
+@pytest.mark.parametrize(
+    "grids, expected",
+    [
+        ([(1, 4, 6), (2, 2, 4), (1, 6, 6)], [0, 24, 32, 40, 128, 128, 128, 128, 128]),
+        ([(1, 4, 6)] * 8, [0, 24, 48, 72, 96, 120, 144, 168, 192]),  # every slot used, no tail padding
+        ([], [0] + [128] * 8),  # nothing to attend: every slot empty
+    ],
+)
+def test_cu_seqlens(grids, expected):
+    """fa4's segment boundaries: slot b covers [cu[b], cu[b+1]) and attends over its first lengths[b] tokens, which
+    must be exactly the tokens of frame b (the tail padding sits in the last frame's slot, past its length)."""
+    tokens = max(128, sum(layout.grid_tokens(g) for g in grids))
+    packed = layout.pack(grids, tokens, 8)
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]))
+    cu = np.asarray(attention.cu_seqlens(seg, tokens))
+    assert cu.dtype == np.int32 and cu.tolist() == expected
+    covered = np.full(tokens, -1)
+    for b, length in enumerate(packed.segment_lengths):
+        assert cu[b] + length <= cu[b + 1]
+        covered[cu[b] : cu[b] + length] = b
+    np.testing.assert_array_equal(covered, packed.segment_ids)

@@ -1,0 +1,35 @@
+"""Row views of device arrays: shared memory where aligned, a copy elsewhere, through JAX's private entry points."""
+
+from __future__ import annotations
+
+import gc
+
+import jax.numpy as jnp
+import numpy as np
+
+from vitjax import row_views
+from vitjax.row_views import row_view
+
+
+def test_row_views_share_memory_and_outlive_their_parent():
+    x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)  # 64-byte rows
+    expected = np.asarray(x)
+    aligned = row_view(x, 8, 20)  # starts 512 bytes in: a view of x's memory
+    assert aligned.unsafe_buffer_pointer() - x.unsafe_buffer_pointer() == 8 * 64
+    odd = row_view(x, 3, 5)  # off alignment: a copy
+    assert row_view(x, 0, 64) is x
+    del x
+    gc.collect()
+    np.testing.assert_array_equal(aligned, expected[8:28])
+    np.testing.assert_array_equal(odd, expected[3:8])
+
+
+def test_row_views_through_jax_private_dlpack_entry_points():
+    """The installed JAX still has the private DLPack entry points `row_view` takes (else every view pays the public
+    path's ~94 µs), and their view is the rows, on the parent's device and memory."""
+    x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
+    view = row_views._import_rows(x, 8, 20)
+    assert view is not None
+    assert view.devices() == x.devices()
+    assert view.unsafe_buffer_pointer() - x.unsafe_buffer_pointer() == 8 * 64
+    np.testing.assert_array_equal(view, np.asarray(x)[8:28])
