@@ -8,11 +8,13 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 from conftest import MAX_PIXELS, PHOTOS
+from PIL import Image
 from safetensors.numpy import load_file
 
 import vitjax
@@ -168,6 +170,29 @@ def test_broken_link_in_a_folder_is_named_and_the_rest_written(checkpoint, tmp_p
     code, _, err = run(capsys, str(folder), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out))
     assert code == 1 and f"{folder / 'b.jpg'}: broken symbolic link (to {folder / 'deleted.jpg'})" in err
     assert "wrote 1 of 2 images" in err and set(load_file(out)) == {"0.embeds", "0.deepstack"}
+
+
+def test_unreadable_folder_is_named_and_the_rest_written(checkpoint, tmp_path):
+    """A folder that cannot be listed is one error naming it, and the other inputs are written. The script runs in a
+    process that meets file permissions: as root (CI), with root's bypass dropped by util-linux's setpriv."""
+    inputs = tmp_path / "in"
+    (inputs / "locked").mkdir(parents=True)
+    Image.new("RGB", (64, 64)).save(inputs / "locked" / "x.png")
+    shutil.copy(PHOTOS[0], inputs / PHOTOS[0].name)
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+    if prefix and (shutil.which("setpriv") is None or subprocess.run([*prefix, "true"]).returncode != 0):
+        pytest.skip("root reads every folder, and setpriv cannot drop that here")
+    out = tmp_path / "out.safetensors"
+    (inputs / "locked").chmod(0)
+    try:
+        argv = [str(inputs), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
+        proc = subprocess.run([*prefix, sys.executable, "-m", "vitjax.cli", "encode", *argv], capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    finally:
+        (inputs / "locked").chmod(0o755)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{inputs / 'locked'}: cannot list directory (Permission denied" in proc.stderr
+    assert "wrote 1 of 2" in proc.stderr and set(load_file(out)) == {"0.embeds", "0.deepstack"}
 
 
 def test_output_has_the_umask_permissions(checkpoint, tmp_path, capsys):
