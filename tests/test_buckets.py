@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import jax
@@ -149,11 +150,12 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch)
     assert [key[0] for key in engine._fitted] == [Bucket(192, 1)]
     assert _bucket_rows(engine, x, first) == [256]
 
-    compile_, tries, release = engine._compile, [], threading.Event()
+    compile_, tries, entered, release = engine._compile, [], threading.Event(), threading.Event()
 
     def failing(bucket, *args):
         if bucket == Bucket(160, 1):
-            tries.append(bucket)
+            tries.append((bucket, sys.getswitchinterval()))
+            entered.set()
             release.wait(60)
             raise RuntimeError("out of memory while autotuning")
         return compile_(bucket, *args)
@@ -162,17 +164,23 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch)
     third = [(1, 10, 16)]  # 160 tokens, fitted 160
     z = pixels_for(third, CFG, seed=9)
     expected = enc.encode_patches(z, np.array(third))[0]
+    interval = sys.getswitchinterval()
+    assert interval > buckets.FIT_SWITCH_INTERVAL  # Python's default, 5 ms
     assert _bucket_rows(engine, z, third) == [256]
     assert not engine.settle(timeout=0.2)  # the compile is still running; calls stay on the ladder meanwhile
     assert _bucket_rows(engine, z, third) == [256]
+    assert entered.wait(60)
+    # the serving thread gets the lock back soon (Python keeps the interval in whole microseconds)
+    assert sys.getswitchinterval() == pytest.approx(buckets.FIT_SWITCH_INTERVAL)
     release.set()
     assert engine.settle()
+    assert sys.getswitchinterval() == interval  # restored, though the compile failed
     with pytest.warns(RuntimeWarning, match=r"no fitted bucket .*out of memory while autotuning"):
         assert _bucket_rows(engine, z, third) == [256]
     for _ in range(3):
         _close(enc.encode_patches(z, np.array(third))[0], expected)
     engine.settle()
-    assert tries == [Bucket(160, 1)]  # tried once, never again
+    assert tries == [(Bucket(160, 1), pytest.approx(buckets.FIT_SWITCH_INTERVAL))]  # tried once, never again
 
 
 def test_default_sampled_videos_fit_the_segment_ladder():

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -72,6 +73,12 @@ FIT_AFTER = 2
 # Fitted executables kept per engine (least recently used dropped), and call sizes remembered toward FIT_AFTER.
 FITTED_EXECUTABLES = 16
 FIT_SIGHTINGS = 256
+# A fitted compile traces the tower in Python beside the calls being served. Each time a serving thread lets go of
+# Python's lock (a device call, a wait) the tracing thread keeps it for the interpreter's switch interval, 5 ms by
+# default, before handing it back: on an H100 the call that started a compile took +20 to +125 ms (4-32 720p images)
+# and it with the next calls +50 to +360 ms. While a fitted compile runs the interval is at most this instead: +1 to
+# +14 ms and -1 to +70 ms; the compile takes 0-30% longer (bench/NOTES.md).
+FIT_SWITCH_INTERVAL = 0.0001
 # Per-executable XLA options (the user's global flags stay untouched): cuBLASLt rather than XLA's Triton
 # GEMMs fuses the bias and the MLP's GELU into the matmuls: -6% tower time on an H200 (bench/NOTES.md).
 COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cublaslt": True}
@@ -390,8 +397,18 @@ class Engine:
         # started here it overlaps the call's device work, which hides it on large calls of few images (NOTES).
         for key in wanted:
             if key not in self._fitting:
-                self._fitting[key] = _fitter().submit(self._compile, *key)
+                self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
         return calls
+
+    def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
+        """`_compile` on the fitting thread, with Python's switch interval at most `FIT_SWITCH_INTERVAL` meanwhile so
+        that the serving threads get the lock back soon (one fitting thread per process: nothing else nests this)."""
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(min(previous, FIT_SWITCH_INTERVAL))
+        try:
+            return self._compile(bucket, pixel_dtype, max_length)
+        finally:
+            sys.setswitchinterval(previous)
 
     def encode(
         self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0
