@@ -25,12 +25,11 @@ import contextlib
 import importlib.metadata
 import json
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_vit import GpuSampler, device_events, versions  # bench/ is on sys.path when run as a script
+from bench_vit import GpuSampler, device_events, results_file, versions  # bench/ is on sys.path when run as a script
 
 from vitjax import attention, buckets, layout
 
@@ -286,9 +285,8 @@ def recorder(script: str, out_dir: str):
     for name in PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             meta[name] = importlib.metadata.version(name)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    out_file = out / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
+    out_file = results_file(out_dir, meta)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
 
     def emit(row: dict) -> None:

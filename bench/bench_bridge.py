@@ -25,7 +25,7 @@ import jax
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vit import PRESET, versions  # noqa: E402
+from bench_vit import PRESET, results_file, versions  # noqa: E402
 
 import bridge  # noqa: E402
 import vitjax  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
     rows.append(memory)
     print(json.dumps(memory))
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{meta['device'].split()[-1].lower()}-{meta['date']}.jsonl"
+    path = results_file(args.out, meta)
     with path.open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 

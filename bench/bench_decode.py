@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_encode import jpegs  # noqa: E402
-from bench_vit import median_time, versions  # noqa: E402
+from bench_vit import median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import dali  # noqa: E402
@@ -94,7 +94,7 @@ def main() -> None:
             )
 
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{meta['device'].split()[-1].lower()}-{meta['date']}.jsonl"
+    path = results_file(args.out, meta)
     with path.open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"\n{'impl':18} {'part':14} {'ms':>9}  {'max_abs':>8} {'mean_abs':>9}")

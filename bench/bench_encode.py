@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vit import PRESET, flops, median_time, versions  # noqa: E402
+from bench_vit import PRESET, flops, median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax.preprocess import preprocess_image  # noqa: E402
@@ -55,6 +55,11 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20)
     parser.add_argument("--devices", default="1", help="comma-separated device counts for vitjax (data parallel)")
     parser.add_argument("--decoders", default="auto", help="comma-separated vitjax decoders: auto, pil, dali")
+    parser.add_argument(
+        "--switch-intervals",
+        help="vitjax end to end under each of these Python switch intervals (ms, comma-separated; default: the "
+        "interpreter's): how long a thread that let go of Python's lock may wait to get it back",
+    )
     args = parser.parse_args()
 
     import torch
@@ -134,7 +139,11 @@ def main() -> None:
     # (tokens per device: with several devices each call is split over them).
     for devices in (int(n) for n in args.devices.split(",")):
         enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0, devices=devices)
-        for decoder, batch_tokens in ((d, b) for d in args.decoders.split(",") for b in (98304, 24576)):
+        intervals = [float(v) for v in args.switch_intervals.split(",")] if args.switch_intervals else [None]
+        runs = [(d, b, i) for d in args.decoders.split(",") for b in (98304, 24576) for i in intervals]
+        default_interval = sys.getswitchinterval()
+        for decoder, batch_tokens, interval in runs:
+            sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 # max_pixels at the photos' own size (they are not resized either way) lets batch_tokens go below
@@ -155,11 +164,13 @@ def main() -> None:
                     "attention": enc.attention,
                     "batch_tokens": batch_tokens,
                     "devices": devices,
+                    "switch_interval_ms": sys.getswitchinterval() * 1e3,
                 }
             )
+        sys.setswitchinterval(default_interval)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{meta['device'].split()[-1].lower()}-{meta['date']}.jsonl"
+    path = results_file(args.out, meta)
     with path.open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"\n{'impl':8} {'part':22} {'ms':>9}")

@@ -256,6 +256,11 @@ def versions() -> dict:
     return out
 
 
+def results_file(out_dir: Path | str, meta: dict) -> Path:
+    """<out_dir>/<device>-<date>.jsonl, the device by its model name ("h100", "h200", "cpu"), from `versions()`."""
+    return Path(out_dir) / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
+
+
 # ----------------------------------------------------------------------------------------------- HF
 
 
@@ -667,10 +672,8 @@ def main() -> None:
         cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
         policy = BucketPolicy(tokens=(64, 256, 1024, 2048), segments=(1, 4, 16, 64), granule=64)
     meta = versions()
-    tag = meta["device"].lower().replace("nvidia ", "").split()[0]
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_file = out_dir / f"{tag}-{meta['date']}.jsonl"
+    out_file = results_file(args.out, meta)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
 
     def emit(row: dict) -> None:
