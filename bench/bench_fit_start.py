@@ -10,6 +10,7 @@ from the persistent cache and the compile is mostly the tracing in Python, the p
 rotate the order of the intervals. One JSON line per (workload, interval, round) in bench/results/<device>-<date>.jsonl.
 
     PYTHONPATH=. python bench/bench_fit_start.py [--attention fa4] [--intervals 5,0.5,0.1] [--rounds 3]
+    OUT=/tmp/out bash bench/run_attn_gpu.sh unpack fit      # with fa4 carried (.fa4/), as measured
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # fa4 (FlashAttention-4's Hopper kernel through fa4-jax) on one H100/H200, in as few device calls as the lease
 # allows. Run from the project root on the GPU machine:
 #   OUT=/tmp/out bash bench/run_attn_gpu.sh [STEP...]
-# steps: unpack smoke tiles block profile widths fp8 attention parity vit (default: unpack smoke attention parity vit)
+# steps: unpack smoke tiles block profile widths fp8 attention parity vit fit (default: unpack smoke attention parity vit)
 # The GPU machine has no internet: the packages travel as one archive, .fa4/site.tar.xz (the device tool's carry),
 # made here from the wheels of
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
@@ -87,6 +87,7 @@ for step in $STEPS; do
     attention) run attention 300 python3 bench/bench_attention.py --impls fa4,cudnn_packed --out "$OUT/results" \
         ${ATTN_FLAGS:-} ;;
     parity) run parity 300 env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q -s tests/test_gpu_parity.py ;;
+    fit) run fit 480 python3 bench/bench_fit_start.py --out "$OUT/results" ;;  # fitted compiles beside served calls
     vit) run vit 540 python3 bench/bench_vit.py --out "$OUT/results" --no-parts --no-warm-start \
         --attention "${VIT_ATTENTION:-cudnn_packed,fa4}" ${VIT_FLAGS:-} ;;
     *) echo "unknown step $step" ;;
