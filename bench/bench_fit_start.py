@@ -21,13 +21,12 @@ import time
 import jax
 import numpy as np
 from bench_attention import recorder, rotating_rounds  # bench/ is on sys.path when run as a script
-from bench_vit import PRESET, RESOLUTIONS
+from bench_vit import PRESET, workloads
 
 import vitjax
 from vitjax import buckets
 
-WORKLOADS = [("4x720p", 4, "720p"), ("8x720p", 8, "720p"), ("16x720p", 16, "720p"), ("32x720p", 32, "720p")]
-WORKLOADS += [("4x2k", 4, "2k"), ("20x960x1280", 20, "960x1280")]
+WORKLOADS = ("4x720p", "8x720p", "16x720p", "32x720p", "4x2k", "20x960x1280")  # of bench_vit's, all fitted
 QUIET_CALLS = 5
 NEXT_CALLS = 3
 
@@ -52,11 +51,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny config and images: check the script on a CPU")
     args = ap.parse_args()
     _, emit = recorder("bench_fit_start", args.out)
-    cfg, policy, res = vitjax.VisionConfig.preset(PRESET), None, RESOLUTIONS
+    cfg, policy = vitjax.VisionConfig.preset(PRESET), None
     if args.smoke:
         cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
         policy = buckets.BucketPolicy(tokens=(1024, 8192), segments=(4, 32), granule=64, fit_granule=64)
-        res = {k: (1, h // 8 * 2, w // 8 * 2) for k, (_, h, w) in RESOLUTIONS.items()}
     enc = vitjax.Encoder.random(cfg, attention=args.attention, buckets=policy)
     engine = enc.parallel.engines[0]
     compile_times = []
@@ -71,8 +69,9 @@ def main() -> None:
 
     engine._compile = timed_compile
     pool = np.random.default_rng(0).standard_normal((131072, enc.cfg.patch_dim), dtype=np.float32)
-    for name, count, resolution in WORKLOADS:
-        grids = np.array([res[resolution]] * count)
+    sizes = dict(workloads(True, args.smoke))
+    for name in WORKLOADS:
+        grids = np.array(sizes[name])
         pixels = pool[: int(np.prod(grids, axis=1).sum())]
 
         def call(pixels=pixels, grids=grids) -> float:
