@@ -77,7 +77,7 @@ FIT_SIGHTINGS = 256
 # Python's lock (a device call, a wait) the tracing thread keeps it for the interpreter's switch interval, 5 ms by
 # default, before handing it back: on an H100 the call that started a compile took +20 to +125 ms (4-32 720p images)
 # and it with the next calls +50 to +360 ms. While a fitted compile runs the interval is at most this instead: +1 to
-# +14 ms and -1 to +70 ms; the compile takes 0-50% longer (bench/NOTES.md).
+# +14 ms and -1 to +70 ms; the compile takes up to 50% longer (bench/NOTES.md).
 FIT_SWITCH_INTERVAL = 0.0001
 # Per-executable XLA options (the user's global flags stay untouched): cuBLASLt rather than XLA's Triton
 # GEMMs fuses the bias and the MLP's GELU into the matmuls: -6% tower time on an H200 (bench/NOTES.md).
