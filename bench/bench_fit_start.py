@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 from bench_attention import recorder, rotating_rounds  # bench/ is on sys.path when run as a script
-from bench_vit import PRESET, workloads
+from bench_vit import PRESET, _timed, workloads
 
 import vitjax
 from vitjax import buckets
@@ -75,9 +75,7 @@ def main() -> None:
         pixels = pool[: int(np.prod(grids, axis=1).sum())]
 
         def call(pixels=pixels, grids=grids) -> float:
-            start = time.perf_counter()
-            jax.block_until_ready(enc.encode_patches(pixels, grids))
-            return (time.perf_counter() - start) * 1e3
+            return _timed(lambda: jax.block_until_ready(enc.encode_patches(pixels, grids))) * 1e3
 
         for _ in range(3):  # the ladder's bucket compiled and run, and a first fitted compile (cold, autotuning)
             call()
