@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, pixels_for
+from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, hf_vision_model, pixels_for
 from safetensors.torch import load_file, save_file
 
 import vitjax
@@ -68,6 +68,16 @@ def test_full_sharded_checkpoint_skips_language_model(full_model, monkeypatch):
     assert_close_to_scale(got, hf_outputs(model.model.visual, x, GRIDS))
 
 
+def test_sharded_vision_only_checkpoint(tmp_path):
+    """`Qwen3VLVisionModel.save_pretrained` in shards: bare names in the index, every shard the tower's."""
+    cfg = TINY["hd64"]
+    hf = hf_vision_model(cfg)
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / weights.INDEX_FILE).is_file() and len(list(tmp_path.glob("*.safetensors"))) > 2
+    x, got = _encode(vitjax.Encoder.from_pretrained(tmp_path, dtype="float32"), cfg)
+    assert_close_to_scale(got, hf_outputs(hf, x, GRIDS))
+
+
 def test_bare_visual_prefix(tiny, tmp_path):
     """Third-party splits name the tower `visual.*`."""
     cfg, hf, path = tiny
@@ -112,6 +122,21 @@ def test_misshaped_tensor_is_named(tiny, tmp_path):
         vitjax.Encoder.from_pretrained(path)
 
 
+def test_non_float_tensor_is_named(tiny, tmp_path):
+    key = "model.visual.blocks.0.attn.qkv.weight"
+    path = _corrupt(tiny, tmp_path, lambda t: t.update({key: (t[key] * 100).to(torch.int32)}))
+    with pytest.raises(weights.CheckpointError, match=rf"tensor {key} has dtype int32, expected a floating-point"):
+        vitjax.Encoder.from_pretrained(path)
+
+
+def test_unreadable_file_is_named(tiny, tmp_path):
+    path = _corrupt(tiny, tmp_path, lambda t: None)
+    file = path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:100])
+    with pytest.raises(weights.CheckpointError, match=rf"{file}: not a readable safetensors file"):
+        vitjax.Encoder.from_pretrained(path)
+
+
 def test_foreign_and_empty_checkpoints(tiny, tmp_path):
     path = _corrupt(tiny, tmp_path, lambda t: t.update({"thinker.visual.merger.ln_q.weight": torch.ones(3)}))
     with pytest.raises(weights.CheckpointError, match=r"thinker\.visual\.merger\.ln_q\.weight belongs to a different"):
@@ -152,3 +177,31 @@ def test_converter_round_trip(full_model, tmp_path):
         enc = vitjax.Encoder.from_pretrained(tmp_path / out, dtype="float32")
         assert enc.cfg == cfg
         np.testing.assert_array_equal(_encode(enc, cfg)[1], direct)
+
+
+def test_converted_checkpoint_is_held_to_its_config(full_model, tmp_path):
+    """A converted directory whose config.json no longer fits its parameters is refused by name, not encoded."""
+    cfg, _, path = full_model
+    out = weights.convert(path, tmp_path / "conv", progress=False)
+    config = json.loads((out / "config.json").read_text())
+    params = out / weights.ORBAX_PARAMS
+    out_hidden, wide, depth = cfg.out_hidden_size, 4 * cfg.hidden_size, cfg.depth
+    edits = {  # field: (value, the first leaf that no longer fits, in the tree's order)
+        "out_hidden_size": (
+            out_hidden + 8,
+            rf"linear_fc2/bias has shape \[2, {out_hidden}\], expected \[2, {out_hidden + 8}\]",
+        ),
+        "deepstack_visual_indexes": ([0], rf"linear_fc1/bias has shape \[2, {wide}\], expected \[1, {wide}\]"),
+        "depth": (
+            depth + 1,
+            rf"blocks/attn/proj/bias has shape \[{depth}, {cfg.hidden_size}\], expected \[{depth + 1}, ",
+        ),
+    }
+    for field, (value, message) in edits.items():
+        (out / "config.json").write_text(json.dumps({**config, field: value}))
+        with pytest.raises(weights.CheckpointError, match=rf"{params}: parameter \S*{message}"):
+            vitjax.Encoder.from_pretrained(out)
+    (out / "config.json").write_text(json.dumps(config))
+    (params / "_METADATA").write_text("")
+    with pytest.raises(weights.CheckpointError, match=rf"{params}: not a readable converted checkpoint"):
+        vitjax.Encoder.from_pretrained(out)

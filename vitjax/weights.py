@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors reads bf16 tensors as numpy)
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from vitjax.config import VisionConfig
@@ -84,6 +85,20 @@ def _vmap_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
     return shape
 
 
+def _leaf_shape(target: Target, cfg: VisionConfig) -> tuple[int, ...]:
+    """The shape of `target`'s leaf in the parameter tree: stacked leaves lead with the block or merger count."""
+    shape = _vmap_shape(target.shape, target.kind)
+    if target.index is None:
+        return shape
+    return (cfg.depth if target.path[0] == "blocks" else len(cfg.deepstack_visual_indexes), *shape)
+
+
+def _check_dtype(where: str, key: str, dtype: Any) -> None:
+    """Weights are floating point; an integer or boolean tensor would be cast silently into nonsense."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise CheckpointError(f"{where}: tensor {key} has dtype {np.dtype(dtype)}, expected a floating-point type")
+
+
 def _transform(x: np.ndarray, kind: str) -> np.ndarray:
     if kind == "linear":
         return x.T
@@ -99,7 +114,8 @@ def _checkpoint_files(path: Path) -> list[Path]:
     index = path / INDEX_FILE
     if index.is_file():
         weight_map_ = json.loads(index.read_text()).get("weight_map", {})
-        names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)})
+        # A vision-only checkpoint has bare names: then every shard is the tower's.
+        names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)} or set(weight_map_.values()))
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{index} lists shards that are not there: {missing}")
@@ -118,8 +134,11 @@ def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
     """
     keys: list[tuple[Path, str]] = []
     for file in files:
-        with safe_open(file, framework="numpy") as f:
-            keys.extend((file, k) for k in f.keys())  # noqa: SIM118 (not a dict)
+        try:
+            with safe_open(file, framework="numpy") as f:
+                keys.extend((file, k) for k in f.keys())  # noqa: SIM118 (not a dict)
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
     foreign = [k for _, k in keys if k.startswith(FOREIGN_PREFIXES)]
     if foreign:
         raise CheckpointError(f"tensor {foreign[0]} belongs to a different vision tower (not Qwen3-VL)")
@@ -153,7 +172,9 @@ class _Assembler:
             raise CheckpointError(f"{where}: tensor {key} appears twice")
         if shape != target.shape:
             raise CheckpointError(f"{where}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
-        _place(self.params, target, _transform(read(), target.kind), self.cfg)
+        value = read()
+        _check_dtype(where, key, value.dtype)
+        _place(self.params, target, _transform(value, target.kind), self.cfg)
         self.seen.add(name)
 
     def finish(self, where: str) -> Params:
@@ -211,9 +232,8 @@ def _place(params: Params, target: Target, value: np.ndarray, cfg: VisionConfig)
     if target.index is None:
         node[leaf] = np.ascontiguousarray(value)
         return
-    count = cfg.depth if target.path[0] == "blocks" else len(cfg.deepstack_visual_indexes)
     if leaf not in node:
-        node[leaf] = np.empty((count, *_vmap_shape(target.shape, target.kind)), value.dtype)
+        node[leaf] = np.empty(_leaf_shape(target, cfg), value.dtype)
     node[leaf][target.index] = value
 
 
@@ -234,14 +254,35 @@ def is_orbax(path: str | Path) -> bool:
 
 
 def load_orbax(path: str | Path) -> tuple[VisionConfig, Params]:
-    """Read a checkpoint written by `save_orbax`."""
+    """Read a checkpoint written by `save_orbax`, held to its config as strictly as `load_hf` holds an HF one."""
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
     cfg = VisionConfig.from_hf(path / "config.json")
-    with ocp.StandardCheckpointer() as ckpt:
-        params = ckpt.restore(path / ORBAX_PARAMS)
-    return cfg, jax.tree.map(np.asarray, params)
+    try:
+        with ocp.StandardCheckpointer() as ckpt:
+            params = jax.tree.map(np.asarray, ckpt.restore(path / ORBAX_PARAMS))
+    except (ValueError, OSError) as e:  # orbax and tensorstore report damage as either
+        raise CheckpointError(f"{path / ORBAX_PARAMS}: not a readable converted checkpoint ({e})") from None
+    _check_tree(params, cfg, str(path / ORBAX_PARAMS))
+    return cfg, params
+
+
+def _check_tree(params: Params, cfg: VisionConfig, where: str) -> None:
+    """Every leaf the config's tower needs, at its shape and floating point, and nothing else."""
+    expected = {"/".join(t.path): _leaf_shape(t, cfg) for t in weight_map(cfg).values()}
+    found = {"/".join(str(k.key) for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    missing = [k for k in expected if k not in found]
+    if missing:
+        raise CheckpointError(f"{where}: {len(missing)} parameters missing: {', '.join(missing[:8])}")
+    for key, leaf in found.items():
+        if key not in expected:
+            raise CheckpointError(f"{where}: unexpected parameter {key} for a {cfg.depth}-block tower")
+        if leaf.shape != expected[key]:
+            raise CheckpointError(
+                f"{where}: parameter {key} has shape {list(leaf.shape)}, expected {list(expected[key])}"
+            )
+        _check_dtype(where, key, leaf.dtype)
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
