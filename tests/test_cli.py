@@ -71,6 +71,10 @@ def test_version_and_help(capsys):
         (["--fps", "1", "--num-frames", "4"], "--num-frames 4: excludes --fps 1.0; give one of them"),
         (["--video-max-pixels", "100"], "--video-max-pixels 100: must be from 1024 to --pixel-limit 16777216"),
         (["--sequence-parallel", "3"], "--devices 1 --sequence-parallel 3: sequence_parallel=3 does not divide"),
+        (
+            ["--devices", "4", "--sequence-parallel", "4"],
+            "--devices 4 --sequence-parallel 4: sequence_parallel=4 does not divide the tower's 2 heads",
+        ),
         (["--fit-granule", "6"], "--fit-granule 6: must be 0 (off) or a multiple of 4"),
         (["--fit-granule", "-4"], "--fit-granule -4: must be 0 (off) or a multiple of 4"),
     ],
@@ -82,7 +86,7 @@ def test_bad_settings_are_one_line_before_the_model(config_only, tmp_path, capsy
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_preset_and_model_paths_are_one_line(tmp_path, capsys):
+def test_unknown_preset_and_model_paths_are_one_line(config_only, tmp_path, capsys):
     out = str(tmp_path / "out.safetensors")
     code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-9b", "-o", out)
     assert code == 2 and "--random-init qwen3-vl-9b: unknown preset 'qwen3-vl-9b'; choose one of" in one_error_line(err)
@@ -91,6 +95,12 @@ def test_unknown_preset_and_model_paths_are_one_line(tmp_path, capsys):
     code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(tmp_path), "-o", out)
     assert code == 2 and f"no config.json at {tmp_path / 'config.json'}" in one_error_line(err)
     assert list(tmp_path.iterdir()) == []
+    damaged = tmp_path / "damaged"
+    shutil.copytree(config_only, damaged)
+    (damaged / "model.safetensors").write_bytes(b"\x10" * 100)
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(damaged), "-o", out)
+    assert code == 2 and f"{damaged / 'model.safetensors'}: not a readable safetensors file" in one_error_line(err)
+    assert not (tmp_path / "out.safetensors").exists()
 
 
 def test_output_is_checked_before_encoding(config_only, tmp_path, capsys):

@@ -153,7 +153,7 @@ def test_sequence_parallel_equals_single_device(devices, seq):
 def test_sequence_parallel_refuses_what_cannot_split(params):
     with pytest.raises(ValueError, match="sequence_parallel=3 does not divide the 4 devices"):
         vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=3)
-    with pytest.raises(ValueError, match="head count divisible by 4"):  # CFG has 2 heads
+    with pytest.raises(ValueError, match="sequence_parallel=4 does not divide the tower's 2 heads"):
         vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=4)
     enc = vitjax.Encoder.from_params(
         CFG, params, dtype="float32", devices=2, sequence_parallel=2, buckets=BucketPolicy(tokens=(68,))

@@ -161,7 +161,7 @@ def _encode(args: argparse.Namespace) -> int:
     try:
         from vitjax.parallel import device_groups, pick_devices
 
-        device_groups(pick_devices(args.devices), args.sequence_parallel)
+        device_groups(pick_devices(args.devices), args.sequence_parallel, cfg.num_heads)
     except ValueError as e:
         raise UsageError(f"--devices {args.devices} --sequence-parallel {args.sequence_parallel}: {e}") from e
     items = expand_inputs(inputs)

@@ -101,7 +101,7 @@ class Encoder:
         self.images_encoded = 0
         self._graph, self._state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
-        groups = device_groups(picked, sequence_parallel)
+        groups = device_groups(picked, sequence_parallel, cfg.num_heads)
         automatic = attention is None and not os.environ.get(ATTENTION_ENV)
         engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group, automatic) for group in groups]
         self.parallel = DataParallel(engines)

@@ -38,10 +38,12 @@ def pick_devices(devices: int | str | Sequence[jax.Device] | None) -> list[jax.D
     return chosen
 
 
-def device_groups(devices: Sequence[jax.Device], sequence_parallel: int) -> list[list[jax.Device]]:
-    """Consecutive groups of `sequence_parallel` devices, one engine each."""
+def device_groups(devices: Sequence[jax.Device], sequence_parallel: int, num_heads: int) -> list[list[jax.Device]]:
+    """Consecutive groups of `sequence_parallel` devices, one engine each; a group splits the tower's heads."""
     if sequence_parallel < 1 or len(devices) % sequence_parallel:
         raise ValueError(f"sequence_parallel={sequence_parallel} does not divide the {len(devices)} devices")
+    if num_heads % sequence_parallel:
+        raise ValueError(f"sequence_parallel={sequence_parallel} does not divide the tower's {num_heads} heads")
     return [list(devices[i : i + sequence_parallel]) for i in range(0, len(devices), sequence_parallel)]
 
 
