@@ -173,6 +173,19 @@ def test_truncated_jpeg(tmp_path):
     expect_error(path, "corrupt or truncated image data .*truncated")
 
 
+def test_lazily_opened_truncated_image(tmp_path):
+    """A PIL image opened (header only) from a truncated RGB file decodes in `load_image`, where it fails by name."""
+    lazy = Image.open(io.BytesIO(PHOTO.read_bytes()[: PHOTO.stat().st_size // 2]))
+    assert lazy.mode == "RGB"  # nothing to convert: only an explicit load notices
+    expect_error(lazy, "corrupt or truncated image data .*truncated", name="<PIL image #0>")
+
+
+def test_path_that_cannot_be_looked_at(tmp_path):
+    long_name = tmp_path / ("x" * 300 + ".jpg")  # longer than a file name may be: stat fails, not "missing"
+    assert expand_inputs([long_name]) == [(str(long_name), long_name)]
+    expect_error(long_name, r"cannot look at the path \(File name too long\)")
+
+
 def test_text_file_named_jpg(tmp_path):
     path = tmp_path / "notes.jpg"
     path.write_text("this is not an image\n")
@@ -205,6 +218,8 @@ def test_bad_data_uris():
     expect_error("data:image/png;base64", "malformed data URI", name="<data URI #0>")
     expect_error("data:image/png,aGVsbG8=", "malformed data URI", name="<data URI #0>")
     expect_error("data:image/png;base64,***not base64***", "not valid base64", name="<data URI #0>")
+    mime = "data:image/jpeg;base64," + base64.encodebytes(PHOTO.read_bytes()).decode()  # a newline every 76
+    assert "\n" in mime and np.array_equal(np.asarray(load_image(mime)), np.asarray(load_image(PHOTO)))
     valid_b64_not_image = "data:image/png;base64," + base64.b64encode(b"hello world").decode()
     expect_error(valid_b64_not_image, "not a recognised image format", name="<data URI #0>")
     ((name, source),) = expand_inputs([PHOTO, "data:image/png;base64,@@"])[1:]

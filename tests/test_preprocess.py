@@ -100,6 +100,12 @@ def test_smart_resize_aspect_limit():
 # --- real photographs and odd sizes ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("low", "high"), [(65536, 0), (65536, -5), (10**8, 16777216), (0, 65536)])
+def test_pixel_bounds_no_resize_can_meet_are_refused_before_the_input_is_read(low, high):
+    with pytest.raises(ValueError, match=rf"min_pixels={low}, max_pixels={high}: need 1 <= min_pixels <= max_pixels"):
+        preprocess_image(b"never read", min_pixels=low, max_pixels=high)
+
+
 def test_photos_are_shipped():
     assert len(PHOTOS) >= 6
     assert {p.suffix for p in PHOTOS} == {".jpg", ".png"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -227,6 +228,7 @@ def test_bad_videos_are_named_errors(tmp_path, clip_file):
     (tmp_path / "holed.mp4").write_bytes(data[:2000] + bytes(3000) + data[5000:])  # frames zeroed mid-stream
     Image.open(PHOTO).save(tmp_path / "photo.mp4", "JPEG")  # FFmpeg opens it: a one-frame video
     (tmp_path / "folder.mp4").mkdir()
+    os.mkfifo(tmp_path / "pipe.mp4")
     cases = {
         "text.mp4": "cannot decode video .Invalid data",
         "empty.mp4": "cannot decode video",
@@ -235,6 +237,8 @@ def test_bad_videos_are_named_errors(tmp_path, clip_file):
         "photo.mp4": "at least 2 frames",
         "missing.mp4": "no such file",
         "folder.mp4": "is a directory",
+        "pipe.mp4": "not a regular file",
+        "x" * 300 + ".mp4": r"cannot look at the path \(File name too long\)",
     }
     for file, reason in cases.items():
         path = str(tmp_path / file)
@@ -253,6 +257,21 @@ def test_bad_videos_are_named_errors(tmp_path, clip_file):
     for label, (source, reason) in arrays.items():
         with pytest.raises(VideoInputError, match=reason):
             preprocess_video(source, name=label)
+
+
+def test_video_settings_are_checked():
+    clip = noise_clip(4, 32, 32)
+    for kw, reason in [
+        ({"fps": 0}, "fps must be a positive finite number, got 0"),
+        ({"fps": float("inf")}, "fps must be a positive finite number, got inf"),
+        ({"fps": 2, "video_fps": float("nan")}, "video_fps must be a positive finite number, got nan"),
+        ({"num_frames": 2.5}, "num_frames must be a whole number, got 2.5"),
+        ({"fps": 2, "num_frames": 4}, "fps and num_frames exclude each other"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            vitjax.Video(clip, **kw)
+    with pytest.raises(ValueError, match="min_pixels=4096, max_pixels=0: need 1 <= min_pixels <= max_pixels"):
+        preprocess_video(clip, min_pixels=4096, max_pixels=0)
 
 
 # --- the tower on video rows ---------------------------------------------------------------------------------
@@ -315,7 +334,7 @@ def test_video_cache_keys_include_the_sampling(checkpoint, clip_file):
     (first,) = enc.encode([clip_file])
     assert enc.images_encoded == 1
     (again,) = enc.encode([str(clip_file)])  # same file, same default sampling: a hit
-    assert enc.images_encoded == 1 and again.features is first.features
+    assert enc.images_encoded == 1 and np.array_equal(np.asarray(again.features), np.asarray(first.features))
     (faster,) = enc.encode([clip_file], fps=4)  # 10 frames instead of 5
     assert enc.images_encoded == 2 and faster.grid_thw[0] == 5
     (counted,) = enc.encode([vitjax.Video(clip_file, num_frames=6)])
@@ -335,6 +354,22 @@ def test_bad_video_costs_only_itself(enc, clip_file, tmp_path):
     assert results[1].decoder == "pil"
     assert isinstance(results[2], VideoInputError) and results[2].name == "<video #2>"
     assert "at least 2 frames" in results[2].reason
+
+
+def test_a_video_that_fails_midway_leaves_its_batchmates_exact(enc, clip_file, tmp_path, monkeypatch):
+    """A clip whose frames stop decoding after its rows were reserved: the rows it left unwritten (here NaN, as
+    fresh host memory may be) must not reach the images beside it in the same tower call."""
+    data = clip_file.read_bytes()
+    holed = tmp_path / "holed.mp4"
+    holed.write_bytes(data[:2000] + bytes(3000) + data[5000:])
+    empty = np.empty
+    monkeypatch.setattr(np, "empty", lambda *a, **k: np.full_like(empty(*a, **k), np.nan))
+    results = enc.encode([str(PHOTOS[0]), str(holed), str(PHOTOS[1])], max_pixels=MAX_PIXELS, errors="return")
+    monkeypatch.undo()
+    assert isinstance(results[1], VideoInputError) and "cannot decode video" in results[1].reason
+    for photo, got in zip(PHOTOS[:2], (results[0], results[2]), strict=True):
+        (alone,) = enc.encode([str(photo)], max_pixels=MAX_PIXELS)
+        np.testing.assert_allclose(np.asarray(got.features), np.asarray(alone.features), rtol=1e-5, atol=1e-5)
 
 
 def test_cli_encodes_a_folder_with_videos(checkpoint, clip_file, tmp_path, capsys):

@@ -95,7 +95,7 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
             continue
         if isinstance(source, (str, os.PathLike)) and not str(source).startswith("data:"):
             path = Path(source)
-            if path.is_dir():
+            if _is_dir(path):
                 found = _files_under(path) or [path]
                 pairs.extend((str(p), p) for p in found)
                 continue
@@ -107,16 +107,27 @@ def _data_uri_bytes(uri: str) -> bytes:
     header, sep, payload = uri.partition(",")
     if not sep or not header.endswith(";base64"):
         raise ValueError("malformed data URI: expected 'data:<mime type>;base64,<payload>'")
-    try:
-        return base64.b64decode(payload, validate=True)
+    try:  # whitespace is dropped first: MIME base64 breaks lines every 76 characters, and HF reads it
+        return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as e:
         raise ValueError(f"data URI payload is not valid base64 ({e})") from e
 
 
-def _missing(path: Path) -> str | None:
+def _is_dir(path: Path) -> bool:
+    """`path.is_dir()`, False for a path that cannot be looked at (its error is `missing_reason`'s to name)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def missing_reason(path: Path) -> str | None:
     """Why `path` names nothing, or None when it exists."""
-    if path.exists():
-        return None
+    try:
+        if path.exists():
+            return None
+    except OSError as e:  # pathlib lets through what is not "does not exist": a name too long, no permission
+        return f"cannot look at the path ({e.strerror or e})"
     return f"broken symbolic link (to {os.readlink(path)})" if path.is_symlink() else "no such file"
 
 
@@ -125,12 +136,12 @@ def path_error(name: str, source: object) -> ImageInputError | None:
     lets a caller report missing files before it spends time on a model."""
     if not isinstance(source, (str, os.PathLike)) or str(source).startswith(("data:", "http://", "https://")):
         return None
-    reason = _missing(Path(source))
+    reason = missing_reason(Path(source))
     return None if reason is None else ImageInputError(name, reason)
 
 
 def _read_path(path: Path) -> bytes:
-    reason = _missing(path)
+    reason = missing_reason(path)
     if reason is not None:
         raise ValueError(reason)
     if path.is_dir():
@@ -178,6 +189,11 @@ def _decode(data: bytes) -> Image.Image:
     except Exception as e:  # UnidentifiedImageError mostly; a few plugins raise their own errors
         raise ValueError("not a recognised image format (or a corrupt header)") from e
     check_size(image)
+    return _loaded(image)
+
+
+def _loaded(image: Image.Image) -> Image.Image:
+    """`image` with its pixels decoded (PIL opens lazily; a truncated file fails here, not later)."""
     try:
         image.load()
     except Exception as e:  # PIL raises OSError, SyntaxError, EOFError, struct.error... on corrupt data
@@ -256,7 +272,7 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
             image = _from_array(source)
         elif isinstance(source, Image.Image):
             check_size(source)
-            image = source
+            image = _loaded(source)
         elif isinstance(source, (bytes, bytearray, memoryview)):
             image = _decode(bytes(source))
         elif isinstance(source, str) and source.startswith("data:"):

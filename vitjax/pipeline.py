@@ -344,10 +344,15 @@ class Batch:
         self.items.append(dataclasses.replace(item, fill=None, sample=None))
 
     def finish(self) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
-        """The rows, in order, and per item its error (its rows then undefined) or None."""
+        """The rows, in order, and per item its error (its rows then zeros) or None."""
         made = [future.result() for future in self._made]
         if self._pixels is None:
             return self._pipe._run_dali(self.items, made)
+        start = 0
+        for item, error in zip(self.items, made, strict=True):
+            if error is not None:  # a failed fill leaves anything (NaN too): 0 x NaN in attention would spread it
+                self._pixels[start : start + item.tokens] = 0
+            start += item.tokens
         return self._pixels[: self.rows], made
 
 
@@ -361,10 +366,13 @@ def _no_dali() -> Sample:
 
 
 def guard(name: str, work: Callable[[], object]) -> object:
-    """Run `work`, turning a ValueError into an `ImageInputError` naming the input (returned, not raised)."""
+    """Run `work`, turning its failure into an `ImageInputError` naming the input (returned, not raised): what one
+    input does (a ValueError from our checks, or anything a decoder raises) never costs the rest of the batch."""
     try:
         return work()
     except ImageInputError as e:
         return e
     except ValueError as e:
         return ImageInputError(name, str(e))
+    except Exception as e:
+        return ImageInputError(name, f"{type(e).__name__}: {e}")

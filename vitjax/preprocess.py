@@ -134,6 +134,7 @@ def preprocess_image(
     float32 or bfloat16 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there;
     bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway.
     """
+    check_pixel_bounds(min_pixels, max_pixels)
     name = name if name is not None else input_name(image)
     rgb = load_image(image, name)
     height, width = resized_size(rgb, min_pixels, max_pixels, patch_size * merge_size, name)
@@ -147,6 +148,12 @@ def preprocess_image(
     frame = np.take(_TABLES[out.dtype], levels, mode="clip")  # uint8 indices are always in range
     out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = frame
     return out, np.array([[1, grid_h, grid_w]], dtype=np.int64)
+
+
+def check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:
+    """Refuse bounds no resize can meet, before any input is read (else they would surface as each input's error)."""
+    if not 1 <= min_pixels <= max_pixels:
+        raise ValueError(f"min_pixels={min_pixels}, max_pixels={max_pixels}: need 1 <= min_pixels <= max_pixels")
 
 
 def resized_size(
@@ -279,6 +286,7 @@ def preprocess_video(
     columns (channel, frame of the pair, row, col). Errors are `VideoInputError`s naming the input. `out`
     as for `preprocess_image`.
     """
+    check_pixel_bounds(min_pixels, max_pixels)
     if not isinstance(video, Video):
         video = Video(video, fps=fps, num_frames=num_frames, video_fps=video_fps)
     elif (fps, num_frames, video_fps) != (None, None, None):

@@ -11,6 +11,7 @@ PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only wh
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, load_image
+from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, load_image, missing_reason
 
 # Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
@@ -49,8 +50,8 @@ class Video:
         if self.fps is not None and self.num_frames is not None:
             raise ValueError("Video: fps and num_frames exclude each other; give one")
         for field, value in (("fps", self.fps), ("num_frames", self.num_frames), ("video_fps", self.video_fps)):
-            if value is not None and not value > 0:
-                raise ValueError(f"Video: {field} must be positive, got {value!r}")
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"Video: {field} must be a positive finite number, got {value!r}")
         if self.num_frames is not None and int(self.num_frames) != self.num_frames:
             raise ValueError(f"Video: num_frames must be a whole number, got {self.num_frames!r}")
         if self.video_fps is not None and self.is_file:
@@ -176,10 +177,13 @@ def _av(name: str):
 
 def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames: int) -> Clip:
     av = _av(name)
+    reason = missing_reason(path)
+    if reason is not None:
+        raise VideoInputError(name, reason)
     if path.is_dir():
         raise VideoInputError(name, "is a directory")
     if not path.is_file():
-        raise VideoInputError(name, "no such file")
+        raise VideoInputError(name, "not a regular file")
     try:
         with av.open(os.fspath(path)) as container:
             if not container.streams.video:
