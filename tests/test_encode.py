@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -70,7 +72,9 @@ def test_duplicates_are_encoded_once_and_hits_are_identical(enc):
     assert first[0].features is first[1].features is first[2].features
     again = enc.encode([photo.read_bytes()], max_pixels=MAX_PIXELS)
     assert enc.images_encoded == 1 and enc.cache.stats.hits == 1
-    assert again[0].features is first[0].features
+    # Bit for bit, from the cache's own copy (the first call's results view that call's whole output).
+    np.testing.assert_array_equal(np.asarray(again[0].features), np.asarray(first[0].features))
+    assert again[0].features.unsafe_buffer_pointer() != first[0].features.unsafe_buffer_pointer()
     # Other preprocessing settings are another key.
     enc.encode([str(photo)], min_pixels=MAX_PIXELS // 4, max_pixels=MAX_PIXELS // 4)
     assert enc.images_encoded == 2 and enc.cache.stats.misses == 2
@@ -95,6 +99,17 @@ def test_encoder_cache_is_bounded(checkpoint):
     enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
     enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
     assert enc.images_encoded == 2 and len(enc.cache) == 0
+
+
+def test_cache_bound_covers_the_memory_it_keeps(checkpoint):
+    """Per-image results are views of their call's whole output; a cached one must not keep that output alive."""
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    results = enc.encode([str(p) for p in PHOTOS[:4]], max_pixels=MAX_PIXELS)
+    assert len(enc.cache) == 4
+    del results
+    gc.collect()
+    features = [a for a in jax.live_arrays() if a.ndim == 2 and a.shape[1] == enc.cfg.output_width]
+    assert sum(a.nbytes for a in features) == enc.cache.stats.bytes, [a.shape for a in features]
 
 
 def _bad_inputs(tmp: Path) -> dict[str, str]:

@@ -312,7 +312,9 @@ class Encoder:
                 self.cache.abandon(key, error)
             else:
                 found[key] = (item.grid, out)
-                self.cache.put(key, found[key])
+                # `out` views the call's whole output: the cache keeps a copy (made without a compile), so what
+                # it holds is what it counts.
+                self.cache.put(key, (item.grid, jax.device_put(out, out.sharding, may_alias=False)))
 
 
 def _settled(value: object) -> object:
