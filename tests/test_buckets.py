@@ -74,6 +74,9 @@ def test_policy_fit_and_plan():
     assert len(BucketPolicy().buckets()) == 84
     with pytest.raises(ValueError, match="multiples of 4"):
         BucketPolicy(tokens=(6,))
+    for granule in (0, -1024):  # else a call past the ladder would divide by zero, or get a 0-token bucket
+        with pytest.raises(ValueError, match=f"bucket granule must be a positive multiple of 4, got {granule}"):
+            BucketPolicy(granule=granule)
 
 
 def test_policy_fitted_buckets():

@@ -76,5 +76,8 @@ def test_from_hf_errors(tmp_path):
         vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "hidden_act": "gelu"})
     with pytest.raises(ValueError, match=r"deepstack_visual_indexes \[30\] are outside the 24 blocks"):
         vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "deepstack_visual_indexes": [5, 30]})
+    for unordered in ([17, 5, 11], [5, 5, 11]):
+        with pytest.raises(ValueError, match=rf"deepstack_visual_indexes \{unordered} must be ascending"):
+            vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "deepstack_visual_indexes": unordered})
     with pytest.raises(FileNotFoundError, match="no config.json"):
         vitjax.VisionConfig.from_hf(tmp_path)

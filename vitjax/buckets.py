@@ -111,6 +111,8 @@ class BucketPolicy:
             if not ladder or list(ladder) != sorted(set(ladder)) or ladder[0] < 1:
                 raise ValueError(f"bucket {name} must be ascending positive integers, got {ladder}")
             object.__setattr__(self, name, ladder)
+        if self.granule < 4:
+            raise ValueError(f"bucket granule must be a positive multiple of 4, got {self.granule}")
         bad = [t for t in (*self.tokens, self.granule) if t % 4]
         if bad:
             raise ValueError(f"bucket token sizes must be multiples of 4 (2x2 merge groups), got {bad}")

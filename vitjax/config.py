@@ -43,8 +43,9 @@ class VisionConfig:
         bad = [i for i in self.deepstack_visual_indexes if not 0 <= i < self.depth]
         if bad:
             raise ValueError(f"deepstack_visual_indexes {bad} are outside the {self.depth} blocks")
-        if len(set(self.deepstack_visual_indexes)) != len(self.deepstack_visual_indexes):
-            raise ValueError(f"deepstack_visual_indexes {self.deepstack_visual_indexes} has duplicates")
+        if list(self.deepstack_visual_indexes) != sorted(set(self.deepstack_visual_indexes)):
+            # HF orders the deepstack features by block, but numbers their mergers by position in this list.
+            raise ValueError(f"deepstack_visual_indexes {list(self.deepstack_visual_indexes)} must be ascending")
         if self.hidden_act != "gelu_pytorch_tanh":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3-VL uses 'gelu_pytorch_tanh')")
 
