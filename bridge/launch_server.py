@@ -57,6 +57,20 @@ def model_architectures(model: str) -> list[str]:
     return list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
 
 
+def with_config_file(argv: list[str]) -> list[str]:
+    """`argv` with the settings of a `--config FILE.yaml` merged in, by SGLang's own merger (checked on 0.5.23),
+    so the model is looked for where SGLang will find it."""
+    if "--config" not in argv:
+        return argv
+    import yaml
+    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+    try:
+        return ConfigArgumentMerger(boolean_actions=[]).merge_config_with_args(argv)
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        raise UsageError(f"--config: {e}") from None
+
+
 def check_hook() -> None:
     """Import the external packages the way SGLang will, but strictly: SGLang only logs an import error there
     and would silently serve its own torch tower (and skip the request checks)."""
@@ -74,11 +88,12 @@ def check_hook() -> None:
 def prepare(argv: Sequence[str]) -> list[str]:
     """Check the arguments and set the environment; return SGLang's arguments (ours removed)."""
     args = list(argv)
-    choice = pop_option(args, [FLAG], remove=True) or "jax"
+    choice = pop_option(args, [FLAG], remove=True)
+    choice = "jax" if choice is None else choice
     if choice not in backend.BACKENDS:
         raise UsageError(f"{FLAG} {choice!r}: expected one of {', '.join(backend.BACKENDS)}")
     if choice == "jax":
-        model = pop_option(args, MODEL_FLAGS, remove=False)
+        model = pop_option(with_config_file(args), MODEL_FLAGS, remove=False)
         if model is None:
             raise UsageError("--model-path is required")
         archs = model_architectures(model)

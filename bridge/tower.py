@@ -32,18 +32,32 @@ def torch_device(device: jax.Device) -> torch.device:
 
 
 def jax_device(device: torch.device) -> jax.Device:
-    """The JAX device for a torch device. In a process that has not started JAX yet, a CUDA device makes it
-    the only GPU JAX opens (otherwise XLA would claim memory on every visible GPU)."""
+    """The JAX device for a torch device. In a process that has not started JAX yet, `cuda:0` is made the only
+    GPU JAX opens (otherwise XLA would claim memory on every visible GPU)."""
     if device.type != "cuda":
         return jax.devices("cpu")[0]
     index = torch.cuda.current_device() if device.index is None else device.index
     if not jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001 (checked on JAX 0.10.2 and 0.11.2)
-        jax.config.update("jax_cuda_visible_devices", str(index))
+        _open_gpus(index)
     gpus = jax.devices("gpu")
     found = [d for d in gpus if d.local_hardware_id == index]
     if not found:
         raise RuntimeError(f"torch device {device} has no JAX counterpart among {gpus}")
     return found[0]
+
+
+def _open_gpus(index: int) -> None:
+    """Which GPUs JAX opens for a tower on GPU `index`. JAX 0.11.2 cannot use a GPU other than the first that
+    `jax_cuda_visible_devices` leaves it (every transfer fails: "Device id 1 is out of range [0, 1)"; 2 x H100,
+    2026-11-25), so a tower on GPU 1 or later opens them all, which costs each other GPU a context (~550 MiB)
+    and must not preallocate on every one of them."""
+    if index == 0:
+        jax.config.update("jax_cuda_visible_devices", "0")
+    elif os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in ("false", "0"):
+        raise RuntimeError(
+            f"a JAX tower on cuda:{index} opens every GPU (JAX {jax.__version__}), so XLA_PYTHON_CLIENT_PREALLOCATE "
+            "must be false: preallocation would take memory on each of them"
+        )
 
 
 class JaxVisionTower(nn.Module):
@@ -110,8 +124,8 @@ class JaxVisionTower(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
         encoder = self._ready()
-        grid = np.asarray(grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw, dtype=np.int64)
-        grid = grid.reshape(-1, 3) if grid.size else grid.reshape(0, 3)
+        grid = np.asarray(grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw)
+        grid = grid if grid.size else np.zeros((0, 3), np.int64)  # a call without items; the rest is checked below
         pixel_values = pixel_values.to(self.dtype)
         # Rows already on the tower's kind of device are read in place; host rows for a GPU tower go the
         # host path (chunks copied up), not through a CPU JAX array sliced by ops compiled per row count.

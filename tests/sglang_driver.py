@@ -2,8 +2,9 @@
 
 `python tests/sglang_driver.py SPEC.json OUT.json`: SPEC gives the backend ("torch": SGLang's own tower,
 "jax": the bridge, configured exactly as `bridge.launch_server` configures it), the model, Engine
-arguments and the requests, sent one at a time. OUT gets, per request, the greedy output tokens with
-their log-probabilities and top alternatives, or the error. A process of its own per Engine, because
+arguments and the requests, sent one at a time (an `update_weights` entry instead updates those tensors to
+their saved values). OUT gets, per request, the greedy output tokens with their log-probabilities and top
+alternatives, or the error (per update, what SGLang answered). A process of its own per Engine, because
 SGLang reads its hooks from the environment at spawn time and kills its process tree on fatal errors.
 """
 
@@ -58,6 +59,17 @@ def main(spec_file: str, out_file: str) -> None:
     results = []
     try:
         for request in spec["requests"]:
+            if "update_weights" in request:  # the checkpoint's own values of these tensors, as a weight update
+                from safetensors.torch import load_file
+
+                saved = {k: v for f in Path(spec["model"]).glob("*.safetensors") for k, v in load_file(f).items()}
+                steps = [
+                    engine.begin_weight_update(),
+                    engine.update_weights_from_tensor([(name, saved[name]) for name in request["update_weights"]]),
+                    engine.end_weight_update(),
+                ]
+                results.append({"update": [list(step) for step in steps]})
+                continue
             images = request.get("images") or None
             if "processor_output" in request:  # pixel rows as given, bypassing SGLang's image processor
                 rows, grid = request["processor_output"]

@@ -140,6 +140,13 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     assert pop_option(["--model", "m", "--model-path=x"], ["--model-path", "--model"], remove=False) == "x"
     with pytest.raises(UsageError, match=r"--mm-encoder-backend 'tensorflow': expected one of jax, torch"):
         prepare(["--mm-encoder-backend", "tensorflow", "--model-path", str(dense)])
+    with pytest.raises(UsageError, match=r"--mm-encoder-backend '': expected one of jax, torch"):
+        prepare(["--mm-encoder-backend=", "--model-path", str(dense)])
+    # SGLang's --config FILE.yaml: the model is read from it as SGLang reads it.
+    (tmp_path / "serve.yaml").write_text(f"model-path: {dense}\nport: 1\n")
+    assert prepare(["--config", str(tmp_path / "serve.yaml")]) == ["--config", str(tmp_path / "serve.yaml")]
+    with pytest.raises(UsageError, match=r"--config: .*not found"):
+        prepare(["--config", str(tmp_path / "missing.yaml")])
     other = tmp_path / "llama"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))

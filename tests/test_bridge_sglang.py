@@ -39,6 +39,11 @@ REQUESTS = [
     # One new image beside a cached one: only the new one is encoded.
     {"prompt": user_prompt(2, "And now?"), "images": [str(IMAGES / "rocket.jpg"), str(IMAGES / "coffee.jpg")]},
 ]
+# A language-model-only weight update (as RL trainers push), then an image not seen before: the tower stays.
+AFTER_UPDATE = [
+    {"update_weights": ["model.language_model.norm.weight", "lm_head.weight"]},
+    {"prompt": user_prompt(1, "Describe."), "images": [str(IMAGES / "camera.png")]},
+]
 
 
 def video_prompt(text: str) -> str:
@@ -81,7 +86,7 @@ def dense(tmp_path_factory) -> Path:
 def runs(dense, tmp_path_factory):
     """Stock SGLang and the bridge on the same requests (images, and a video where SGLang can decode one)."""
     tmp = tmp_path_factory.mktemp("engines")
-    requests = list(REQUESTS)
+    requests = REQUESTS + AFTER_UPDATE
     if sglang_decodes_video():
         clip = write_clip(tmp / "clip.mp4")
         requests.append({"prompt": video_prompt("What happens?"), "videos": [str(clip)]})
@@ -129,18 +134,30 @@ def test_engine_with_bridge_equals_stock_sglang_on_images(runs):
     assert_same_answers(got[:n], stock[:n])
     calls = [c for c in calls if c["grid_thw"][0][0] == 1]
     # Each new image encoded once, when the first prefill chunk that touches it runs (so the second request's
-    # two images come in two calls); the repeated astronaut and the cached coffee are never re-encoded.
-    new = ["astronaut.jpg", "coffee.jpg", "chelsea.png", "rocket.jpg"]
+    # two images come in two calls); the repeated astronaut and the cached coffee are never re-encoded. (The
+    # camera comes from the request after the weight update.)
+    new = ["astronaut.jpg", "coffee.jpg", "chelsea.png", "rocket.jpg", "camera.png"]
     expected = [preprocess_image(IMAGES / n, MIN_PIXELS, MAX_PIXELS)[1].tolist() for n in new]
     assert [c["grid_thw"] for c in calls] == expected, calls
     assert all(h * w // 4 > 32 for [[_, h, w]] in expected)  # every image spans several 32-token chunks
     assert len({c["pid"] for c in calls}) == 1
 
 
+def test_language_model_weight_update_keeps_the_jax_tower(runs):
+    (stock, _), (got, calls) = runs
+    update, after = got[len(REQUESTS)], got[len(REQUESTS) + 1]
+    assert update == stock[len(REQUESTS)] == {"update": [[True, "Success"]] * 3}, (update, stock[len(REQUESTS)])
+    assert_same_answers([after], [stock[len(REQUESTS) + 1]])
+    camera = preprocess_image(IMAGES / "camera.png", MIN_PIXELS, MAX_PIXELS)[1].tolist()
+    images = [c for c in calls if c["grid_thw"][0][0] == 1]  # the fifth new image, in the same process
+    assert len(images) == 5 and images[4]["grid_thw"] == camera and images[4]["pid"] == images[0]["pid"]
+
+
 @pytest.mark.skipif(not sglang_decodes_video(), reason="SGLang's torchcodec needs FFmpeg's libraries (apt: ffmpeg)")
 def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
     (stock, _), (got, calls) = runs
-    assert_same_answers(got[len(REQUESTS) :], stock[len(REQUESTS) :])
+    n = len(REQUESTS) + len(AFTER_UPDATE)
+    assert_same_answers(got[n:], stock[n:])
     videos = [g for c in calls for g in c["grid_thw"] if g[0] > 1]
     assert len(videos) == 1 and videos[0][0] >= 2, calls  # one video item, several temporal groups, encoded once
 

@@ -71,6 +71,10 @@ def test_tower_rejects_bad_weights_and_bad_calls_by_name(tiny):
         tower(pixels, torch.tensor([[2, 4, 4]]))
     with pytest.raises(ValueError, match=r"divisible by 2"):
         tower(pixels, torch.tensor([[1, 2, 8], [1, 1, 3]]))
+    with pytest.raises(ValueError, match=r"grid_thw must be an integer array \[n, 3\], got float64 \[1, 3\]"):
+        tower(pixels, torch.tensor([[1.0, 4.0, 4.5]]))
+    with pytest.raises(ValueError, match=r"grid_thw must be an integer array \[n, 3\], got int64 \[1, 6\]"):
+        tower(torch.cat([pixels, pixels]), torch.tensor([[1, 4, 4, 1, 4, 4]]))
     assert tower.calls == 0
 
 

@@ -14,6 +14,7 @@ that outlive the JAX arrays, and outputs equal to HF fp32 (8B config, bf16 tower
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before JAX opens the GPU: torch shares it
 
@@ -161,3 +162,43 @@ def test_cuda_tower_equals_cpu_tower_and_hf():
     cos_cpu, cos_hf = _cos(gpu, cpu), _cos(gpu, ref)
     print(f"tiny: CUDA vs CPU adapter cos {cos_cpu:.6f}, CUDA vs HF fp32 cos {cos_hf:.6f}")
     assert cos_cpu > 0.999 and cos_hf > 0.999, (cos_cpu, cos_hf)
+
+
+LAST_GPU = """
+import json, sys
+import numpy as np, torch
+from conftest import GRIDS, TINY, hf_outputs, hf_vision_model, pixels_for
+import bridge
+k = torch.cuda.device_count() - 1
+torch.cuda.set_device(k)  # as SGLang's TP rank k does before it builds the model
+torch.zeros(1, device=f"cuda:{k}")
+cfg = TINY["hd72"]
+hf = hf_vision_model(cfg, seed=5)
+pixels = pixels_for(GRIDS, cfg, seed=5)
+tower = bridge.JaxVisionTower(config=cfg, device=f"cuda:{k}", dtype=torch.bfloat16)
+tower.load(((n, v.numpy()) for n, v in hf.state_dict().items()), where="HF state_dict")
+out = tower(torch.from_numpy(pixels).to(f"cuda:{k}", torch.bfloat16), torch.tensor(GRIDS))
+a, b = out.double().cpu().numpy().ravel(), hf_outputs(hf, pixels, GRIDS).astype(np.float64).ravel()
+print(json.dumps({"gpu": k, "features": str(out.device), "jax": str(tower.encoder.parallel.engines[0].devices[0]),
+                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tower_on_a_gpu_other_than_the_first():
+    """A TP rank on GPU k > 0 builds its tower there, in a process where JAX has not started (its own)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parent)])}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"tower on cuda:{got['gpu']}: JAX device {got['jax']}, cos vs HF fp32 {got['cos']:.6f}")
+    k = got["gpu"]
+    assert (got["features"], got["jax"]) == (f"cuda:{k}", f"cuda:{k}") and got["cos"] > 0.999
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
+    run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode != 0 and "XLA_PYTHON_CLIENT_PREALLOCATE must be false" in run.stderr

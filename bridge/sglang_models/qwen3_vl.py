@@ -82,9 +82,10 @@ class _VitjaxTower:
                     yield name, tensor
 
         result = super().load_weights(language(weights))
-        self.visual.load(
-            visual, where=f"{self._vitjax_model_id} (SGLang's weight iterator)", model_id=self._vitjax_model_id
-        )
+        if visual or self.visual.encoder is None:  # SGLang's weight updates may carry the language model only
+            self.visual.load(
+                visual, where=f"{self._vitjax_model_id} (SGLang's weight iterator)", model_id=self._vitjax_model_id
+            )
         return result
 
     def precompile_kernels_after_loading(self) -> None:
