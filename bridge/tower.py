@@ -106,7 +106,11 @@ class JaxVisionTower(nn.Module):
         return self._anchor.dtype
 
     def load(self, tensors: Iterable[tuple[str, np.ndarray]], where: str, model_id: str | None = None, **kw) -> None:
-        """Build the encoder from (HF name, array) pairs (vitjax's strict checks), on this tower's device."""
+        """Build the encoder from (HF name, array) pairs (vitjax's strict checks), on this tower's device. Once
+        built, a load is an update (SGLang's weight updates): the tensors given replace theirs in place."""
+        if self.encoder is not None:
+            self.encoder.set_params(from_named_arrays(tensors, self.config, where, base=self.encoder.params()))
+            return
         params = from_named_arrays(tensors, self.config, where)
         dtype = str(self.dtype).removeprefix("torch.")
         kw.setdefault("devices", [jax_device(self.device)])

@@ -39,9 +39,11 @@ REQUESTS = [
     # One new image beside a cached one: only the new one is encoded.
     {"prompt": user_prompt(2, "And now?"), "images": [str(IMAGES / "rocket.jpg"), str(IMAGES / "coffee.jpg")]},
 ]
-# A language-model-only weight update (as RL trainers push), then an image not seen before: the tower stays.
+# Weight updates (the checkpoint's own values), then an image not seen before: one update of the language model
+# only (as RL trainers push them), one of two vision tensors (the tower updates them in place).
 AFTER_UPDATE = [
     {"update_weights": ["model.language_model.norm.weight", "lm_head.weight"]},
+    {"update_weights": ["model.visual.blocks.1.mlp.linear_fc1.weight", "model.visual.merger.norm.bias"]},
     {"prompt": user_prompt(1, "Describe."), "images": [str(IMAGES / "camera.png")]},
 ]
 
@@ -143,11 +145,12 @@ def test_engine_with_bridge_equals_stock_sglang_on_images(runs):
     assert len({c["pid"] for c in calls}) == 1
 
 
-def test_language_model_weight_update_keeps_the_jax_tower(runs):
+def test_weight_updates_keep_the_jax_tower(runs):
     (stock, _), (got, calls) = runs
-    update, after = got[len(REQUESTS)], got[len(REQUESTS) + 1]
-    assert update == stock[len(REQUESTS)] == {"update": [[True, "Success"]] * 3}, (update, stock[len(REQUESTS)])
-    assert_same_answers([after], [stock[len(REQUESTS) + 1]])
+    n = len(REQUESTS)
+    for i in (n, n + 1):
+        assert got[i] == stock[i] == {"update": [[True, "Success"]] * 3}, (got[i], stock[i])
+    assert_same_answers([got[n + 2]], [stock[n + 2]])
     camera = preprocess_image(IMAGES / "camera.png", MIN_PIXELS, MAX_PIXELS)[1].tolist()
     images = [c for c in calls if c["grid_thw"][0][0] == 1]  # the fifth new image, in the same process
     assert len(images) == 5 and images[4]["grid_thw"] == camera and images[4]["pid"] == images[0]["pid"]

@@ -55,6 +55,31 @@ def test_tower_loads_sglang_style_named_weights_and_runs_bf16():
     assert cos > 0.999, cos
 
 
+def test_a_later_load_updates_the_given_tensors_in_place(tiny):
+    """SGLang's weight updates reach the tower as loads of some of its tensors: those change, the rest keep
+    their values, nothing is compiled again, and a bad tensor leaves the tower as it was."""
+    cfg, hf, path = tiny
+    other = hf_vision_model(cfg, seed=9).state_dict()
+    named = dict(load_file(str(path / "model.safetensors")))
+    tower = bridge.JaxVisionTower(config=cfg, device="cpu", dtype=torch.float32)
+    tower.load(((k, v.numpy()) for k, v in named.items()), where="ckpt")
+    pixels, grids = torch.from_numpy(pixels_for(GRIDS, cfg)), torch.tensor(GRIDS)
+    before = tower(pixels, grids).clone()
+    encoder, compiles = tower.encoder, tower.encoder.parallel.compiles
+    changed = ["blocks.1.mlp.linear_fc1.weight", "blocks.1.mlp.linear_fc1.bias", "merger.norm.weight"]
+    tower.load(((f"model.visual.{k}", other[k].numpy()) for k in changed), where="update")
+    updated = {**named, **{k: other[k] for k in changed}}
+    hf_updated = hf_vision_model(cfg)
+    hf_updated.load_state_dict(updated)
+    after = tower(pixels, grids)
+    assert tower.encoder is encoder and encoder.parallel.compiles == compiles
+    assert_close_to_scale(after.numpy(), hf_outputs(hf_updated, pixels.numpy(), GRIDS))
+    assert not torch.allclose(after, before)
+    with pytest.raises(CheckpointError, match=r"update: tensor merger\.norm\.bias has shape \[3\]"):
+        tower.load([("merger.norm.bias", np.zeros(3, np.float32))], where="update")
+    assert torch.equal(tower(pixels, grids), after)
+
+
 def test_tower_rejects_bad_weights_and_bad_calls_by_name(tiny):
     cfg, _, path = tiny
     named = dict(load_file(str(path / "model.safetensors")))

@@ -245,6 +245,10 @@ class Engine:
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
+    def set_state(self, state: nnx.State) -> None:
+        """New weights of the same shapes: every executable takes them as an argument, so none is rebuilt."""
+        self._state = jax.device_put(state, self._whole)
+
     def _max_length(self, bucket: Bucket, longest_frame: int) -> int:
         """Static padded-batch row length: the smallest ladder size holding the longest frame (packed: unused).
 

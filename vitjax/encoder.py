@@ -118,6 +118,21 @@ class Encoder:
         nnx.update(model, state)
         return cls(cfg, model, **kw)
 
+    def params(self) -> weights.Params:
+        """The weights as a nested dict of host arrays in the encoder's dtype (what `from_params` takes)."""
+        return jax.tree.map(np.array, nnx.to_pure_dict(self._state))
+
+    def set_params(self, params: weights.Params) -> None:
+        """Replace the weights in place (same config; not while calls run): the compiled executables stay, and
+        the embedding cache, which holds the old weights' results, is emptied."""
+        weights.check_params(params, self.cfg, "set_params")
+        state = jax.tree.map(lambda x: x, self._state)  # the same tree, its leaves replaced below
+        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params))
+        self._state = state
+        for engine in self.parallel.engines:
+            engine.set_state(state)
+        self.cache.clear()
+
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "bfloat16", progress: bool = False, **kw) -> Encoder:
         """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""

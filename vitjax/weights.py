@@ -153,12 +153,14 @@ def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
 
 class _Assembler:
     """Places HF-named vision tensors into the nested parameter dict, strictly: every unexpected,
-    repeated or mis-shaped tensor is an error naming it and `where` it came from."""
+    repeated or mis-shaped tensor is an error naming it and `where` it came from. Into a copy of a whole
+    tower's parameters (`base`), it is an update: tensors not given keep their values."""
 
-    def __init__(self, cfg: VisionConfig, prefix: str):
+    def __init__(self, cfg: VisionConfig, prefix: str, base: Params | None = None):
         self.cfg, self.prefix = cfg, prefix
         self.table = weight_map(cfg)
-        self.params: Params = {}
+        self.params: Params = base if base is not None else {}
+        self.update = base is not None
         self.seen: set[str] = set()
 
     def add(self, where: str, name: str, shape: tuple[int, ...], read: Callable[[], np.ndarray]) -> None:
@@ -178,7 +180,7 @@ class _Assembler:
         self.seen.add(name)
 
     def finish(self, where: str) -> Params:
-        missing = [k for k in self.table if k not in self.seen]
+        missing = [] if self.update else [k for k in self.table if k not in self.seen]
         if missing:
             shown = ", ".join(self.prefix + k for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
             raise CheckpointError(f"{where}: {len(missing)} vision tensors missing: {shown}")
@@ -207,14 +209,17 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
     return assembler.finish(str(path))
 
 
-def from_named_arrays(tensors: Iterable[tuple[str, np.ndarray]], cfg: VisionConfig, where: str) -> Params:
+def from_named_arrays(
+    tensors: Iterable[tuple[str, np.ndarray]], cfg: VisionConfig, where: str, base: Params | None = None
+) -> Params:
     """The tower from (HF name, array) pairs, e.g. a serving framework's weight iterator: names carry the
-    `model.visual.` or `visual.` prefix (or none); the checks are `load_hf`'s."""
+    `model.visual.` or `visual.` prefix (or none); the checks are `load_hf`'s. With `base` (a whole tower's
+    parameters, written into) the pairs are an update and may be any of the tensors."""
     assembler: _Assembler | None = None
     for key, value in tensors:
         prefix = next((p for p in PREFIXES if key.startswith(p)), "")
         if assembler is None:
-            assembler = _Assembler(cfg, prefix)
+            assembler = _Assembler(cfg, prefix, base)
         elif prefix != assembler.prefix:
             raise CheckpointError(f"{where}: vision tensors under several prefixes {[assembler.prefix, prefix]}")
         assembler.add(where, key[len(prefix) :], tuple(value.shape), lambda value=value: value)
@@ -264,11 +269,11 @@ def load_orbax(path: str | Path) -> tuple[VisionConfig, Params]:
             params = jax.tree.map(np.asarray, ckpt.restore(path / ORBAX_PARAMS))
     except (ValueError, OSError) as e:  # orbax and tensorstore report damage as either
         raise CheckpointError(f"{path / ORBAX_PARAMS}: not a readable converted checkpoint ({e})") from None
-    _check_tree(params, cfg, str(path / ORBAX_PARAMS))
+    check_params(params, cfg, str(path / ORBAX_PARAMS))
     return cfg, params
 
 
-def _check_tree(params: Params, cfg: VisionConfig, where: str) -> None:
+def check_params(params: Params, cfg: VisionConfig, where: str) -> None:
     """Every leaf the config's tower needs, at its shape and floating point, and nothing else."""
     expected = {"/".join(t.path): _leaf_shape(t, cfg) for t in weight_map(cfg).values()}
     found = {"/".join(str(k.key) for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
