@@ -327,9 +327,11 @@ class Encoder:
                 self.cache.abandon(key, error)
             else:
                 found[key] = (item.grid, out)
-                # `out` views the call's whole output: the cache keeps a copy (made without a compile), so what
-                # it holds is what it counts.
-                self.cache.put(key, (item.grid, jax.device_put(out, out.sharding, may_alias=False)))
+                # `out` views the call's whole output: what the cache stores is a copy (made without a compile),
+                # so what it holds is what it counts; a value it will not store (cache off) is not copied.
+                stored = out.nbytes <= self.cache.max_bytes
+                kept = jax.device_put(out, out.sharding, may_alias=False) if stored else out
+                self.cache.put(key, (item.grid, kept))
 
 
 def _settled(value: object) -> object:
