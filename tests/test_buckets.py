@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +130,30 @@ def test_repeated_sizes_move_to_a_fitted_bucket():
     engine.settle()
     assert _bucket_rows(engine, y, other) == [192]
     assert _bucket_rows(engine, x, grids) == [224]
+
+
+def test_calls_from_several_threads_take_up_a_compiled_fitted_bucket_once():
+    """Two threads that both find the fitted compile done: one moves it into place, the other then finds it there
+    (the engine's tables are shared; a lookup made slow here widens the window in which both look)."""
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    grids = [(1, 10, 12), (1, 8, 10)]  # 200 tokens: fitted 224
+    x = pixels_for(grids, CFG, seed=5)
+    engine.run(x, grids)
+    engine.run(x, grids)
+    engine.settle()
+
+    class SlowLookups(dict):
+        def get(self, *args):
+            found = super().get(*args)
+            time.sleep(0.2)
+            return found
+
+    engine._fitting = SlowLookups(engine._fitting)
+    with ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(engine.run, x, grids) for _ in range(2)]
+        buckets_used = sorted(c.result()[0].bucket.tokens for c in calls)
+    assert buckets_used == [224, 224] and not engine._fitting
 
 
 def test_a_warmed_up_bucket_serves_as_the_fitted_one():

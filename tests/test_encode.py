@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -213,6 +214,42 @@ def test_an_image_another_thread_is_encoding_is_waited_for(enc):
     with pytest.raises(ImageInputError, match="first.png: corrupt"):
         future.result()
     assert enc.cache.claim(other) is None  # abandoned: the next caller computes it
+
+
+def test_a_failed_call_leaves_no_claim_and_costs_a_waiter_only_that_image(checkpoint, monkeypatch):
+    """A call that fails after its tower ran (here: storing into the cache runs out of memory) gives up its claims,
+    so a later encode of the image does not wait forever; and a caller waiting on an image whose call failed gets
+    it as that input's error, its other inputs still encoded."""
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    path, other, shared = str(PHOTOS[0]), str(PHOTOS[1]), str(PHOTOS[2])
+
+    def out_of_memory(key, value):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory copying the features")
+
+    monkeypatch.setattr(enc.cache, "put", out_of_memory)
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        enc.encode([path], max_pixels=MAX_PIXELS)
+    monkeypatch.undo()
+    again: list = []
+    thread = threading.Thread(target=lambda: again.extend(enc.encode([path], max_pixels=MAX_PIXELS)), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive() and again[0].grid_thw == (1, 16, 16)
+    with Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32) as pipe:
+        (item,) = pipe.prepare([(shared, shared)])
+        key = (enc.model_id, *pipe.cache_key(item))
+    assert enc.cache.claim(key) is None  # another caller is "encoding" it
+    hits = enc.cache.stats.hits
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(enc.encode, [other, shared], max_pixels=MAX_PIXELS, errors="return")
+        deadline = time.monotonic() + 60
+        while enc.cache.stats.hits == hits:  # the waiter found the claim
+            assert time.monotonic() < deadline and not waiting.done(), waiting.exception()
+            time.sleep(0.01)
+        enc.cache.abandon(key, RuntimeError("the encode computing this image failed: out of memory"))
+        good, failed = waiting.result()
+    assert good.name == other and good.features.shape[0] > 0
+    assert isinstance(failed, ImageInputError) and failed.name == shared and "out of memory" in failed.reason
 
 
 def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):

@@ -25,6 +25,7 @@ import functools
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -242,6 +243,7 @@ class Engine:
         self._fitting: dict[tuple, concurrent.futures.Future] = {}  # fitted keys being compiled
         self._fitted: collections.OrderedDict[tuple, None] = collections.OrderedDict()  # in `_executables`, LRU
         self._unfit: set[tuple] = set()  # fitted keys that failed to compile: their calls stay on the ladder
+        self._fit_lock = threading.Lock()  # over the four tables above
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
@@ -319,40 +321,43 @@ class Engine:
         if fitted is None or fitted.tokens % (4 * len(self.devices)):
             return ladder
         key = (fitted, pixel_dtype, self._max_length(fitted, longest))
-        if key in self._fitted:
-            self._fitted.move_to_end(key)
+        with self._fit_lock:  # calls from several threads share these tables
+            if key in self._fitted:
+                self._fitted.move_to_end(key)
+                return key
+            if key in self._executables:  # compiled by a warm-up that named it
+                return key
+            future = self._fitting.get(key)
+            if future is None:
+                seen = self._sightings[key] = self._sightings.pop(key, 0) + 1
+                while len(self._sightings) > FIT_SIGHTINGS:
+                    self._sightings.popitem(last=False)
+                if seen >= FIT_AFTER and key not in self._unfit:
+                    wanted.append(key)
+                return ladder
+            if not future.done():
+                return ladder
+            del self._fitting[key]
+            self._sightings.pop(key, None)
+            try:
+                self._executables[key] = future.result()
+            except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
+                self._unfit.add(key)
+                message = f"vitjax: no fitted bucket {fitted} ({e}); calls of {rows} tokens stay in {bucket}"
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+                return ladder
+            self.compiles += 1
+            self._fitted[key] = None
+            while len(self._fitted) > FITTED_EXECUTABLES:
+                del self._executables[self._fitted.popitem(last=False)[0]]
             return key
-        if key in self._executables:  # compiled by a warm-up that named it
-            return key
-        future = self._fitting.get(key)
-        if future is None:
-            seen = self._sightings[key] = self._sightings.pop(key, 0) + 1
-            while len(self._sightings) > FIT_SIGHTINGS:
-                self._sightings.popitem(last=False)
-            if seen >= FIT_AFTER and key not in self._unfit:
-                wanted.append(key)
-            return ladder
-        if not future.done():
-            return ladder
-        del self._fitting[key]
-        self._sightings.pop(key, None)
-        try:
-            self._executables[key] = future.result()
-        except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
-            self._unfit.add(key)
-            message = f"vitjax: no fitted bucket {fitted} ({e}); calls of {rows} tokens stay in {bucket}"
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
-            return ladder
-        self.compiles += 1
-        self._fitted[key] = None
-        while len(self._fitted) > FITTED_EXECUTABLES:
-            del self._executables[self._fitted.popitem(last=False)[0]]
-        return key
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait (at most `timeout` seconds) for the fitted buckets being compiled; the next call of each size runs in
         it (benchmarks, tests). True when none is still compiling."""
-        return not concurrent.futures.wait(list(self._fitting.values()), timeout).not_done
+        with self._fit_lock:
+            pending = list(self._fitting.values())
+        return not concurrent.futures.wait(pending, timeout).not_done
 
     def warmup(
         self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32, run: bool = True
@@ -400,8 +405,9 @@ class Engine:
         # and started before the dispatch it held that back (on an H100 the call that started one took +140-380 ms);
         # started here it overlaps the call's device work, which hides it on large calls of few images (NOTES).
         for key in wanted:
-            if key not in self._fitting:
-                self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
+            with self._fit_lock:
+                if key not in self._fitting:
+                    self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
         return calls
 
     def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:

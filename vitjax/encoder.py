@@ -321,7 +321,6 @@ class Encoder:
         self.images_encoded += len(batch.items)
         for item, error, out in zip(batch.items, failed, outs, strict=True):
             key = (self.model_id, *pipe.cache_key(item))
-            claimed.discard(key)
             if error is not None:
                 found[key] = error
                 self.cache.abandon(key, error)
@@ -332,6 +331,7 @@ class Encoder:
                 stored = out.nbytes <= self.cache.max_bytes
                 kept = jax.device_put(out, out.sharding, may_alias=False) if stored else out
                 self.cache.put(key, (item.grid, kept))
+            claimed.discard(key)  # only now: until it is put or abandoned, a failure must still abandon it
 
 
 def _settled(value: object) -> object:
@@ -342,3 +342,5 @@ def _settled(value: object) -> object:
         return value.result()
     except ImageInputError as e:
         return e
+    except Exception as e:  # the other call failed for its own reason (out of memory, interrupted): an error here
+        return ImageInputError("", str(e))  # named by the caller, as the waiter names its input
