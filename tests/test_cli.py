@@ -130,7 +130,7 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
     listing = tmp_path / "inputs.txt"
     missing = str(tmp_path / "missing.jpg")
     listing.write_text(f"{PHOTOS[1]}\n\n{missing}\n")
-    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{PHOTOS[2]}\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{PHOTOS[2]}\n".encode())))
     out = tmp_path / "out.safetensors"
     common = ["--model", str(checkpoint), "--dtype", "float32", "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
     code, stdout, err = run(
@@ -150,6 +150,35 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
     code, stdout, err = run(capsys, "--files-from", "-", *common)
     assert code == 0 and not stdout and "encoding" in err and "wrote 1 of 1 images" in err
     assert load_file(out)["0.embeds"].shape[1] == enc.cfg.out_hidden_size
+
+
+def test_files_from_takes_any_file_name_one_per_line(checkpoint, tmp_path, capsys, monkeypatch):
+    """Names with line-separator characters other than a newline, bytes that are not UTF-8, and a name that starts
+    with "data:" (a file here, not a data URI), from a file and from standard input."""
+    odd = [
+        tmp_path / "next\x85line.png",
+        tmp_path / "para\u2028graph.png",
+        tmp_path / os.fsdecode(b"latin\xe9.png"),
+        tmp_path / "data:camera.png",
+    ]
+    for path in odd:
+        shutil.copy(PHOTOS[0], path)
+    listing = b"".join(os.fsencode(p) + b"\r\n" for p in odd)
+    (tmp_path / "list.txt").write_bytes(listing)
+    out = tmp_path / "out.safetensors"
+    common = ["--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out), "--summary", "json", "-q"]
+    for source in (str(tmp_path / "list.txt"), "-"):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(listing)))
+        code, stdout, err = run(capsys, "--files-from", source, *common)
+        assert code == 0 and json.loads(stdout)["written"] == len(odd), err
+        assert len(load_file(out)) == 2 * len(odd)
+    code, stdout, err = run(capsys, str(odd[3]), *common)  # as an argument too
+    assert code == 0 and json.loads(stdout)["written"] == 1, err
+
+
+def test_seed_out_of_range_is_a_usage_error(tmp_path, capsys):
+    code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "--seed", str(2**64), "-o", "x")
+    assert code == 2 and f"argument --seed: expected a whole number from 0 to 2**63 - 1, got '{2**64}'" in err
 
 
 def test_fit_granule_reaches_the_encoder(checkpoint, tmp_path, capsys, monkeypatch):

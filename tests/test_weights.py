@@ -179,6 +179,44 @@ def test_converter_round_trip(full_model, tmp_path):
         np.testing.assert_array_equal(_encode(enc, cfg)[1], direct)
 
 
+def test_convert_writes_whole_or_nothing_and_refuses_what_it_cannot_use(full_model, tmp_path, capsys, monkeypatch):
+    cfg, _, path = full_model
+
+    def refused(source, out, message):
+        assert cli_main(["convert", str(source), str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("vitjax: error: convert ") and message in err, err
+
+    source_config = (path / "config.json").read_text()
+    refused(path, path, "is the checkpoint being converted")
+    assert (path / "config.json").read_text() == source_config
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    refused(path, other, "exists and is not a converted checkpoint")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    qwen2 = tmp_path / "qwen2"
+    qwen2.mkdir()
+    (qwen2 / "config.json").write_text(json.dumps({**json.loads(source_config), "model_type": "qwen2_vl"}))
+    refused(qwen2, tmp_path / "out", "is not a Qwen3-VL model")
+    refused(tmp_path / "nowhere", tmp_path / "out", "no config.json")
+    real_save = weights.save_orbax
+
+    def interrupted(out_dir, *args):
+        real_save(out_dir, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(weights, "save_orbax", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        weights.convert(path, tmp_path / "out", progress=False)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "qwen2"]  # nothing half-written, nothing left
+    for _ in range(2):  # a conversion, then one over it
+        assert cli_main(["convert", str(path), str(tmp_path / "out"), "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out", "qwen2"]
+    assert vitjax.Encoder.from_pretrained(tmp_path / "out").cfg == cfg
+
+
 def test_converted_checkpoint_is_held_to_its_config(full_model, tmp_path):
     """A converted directory whose config.json no longer fits its parameters is refused by name, not encoded."""
     cfg, _, path = full_model

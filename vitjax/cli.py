@@ -46,16 +46,25 @@ def _device_count(text: str) -> int | str:
     raise argparse.ArgumentTypeError(f"expected a positive count or 'all', got {text!r}")
 
 
-def _inputs(args: argparse.Namespace) -> list[str]:
+def _seed(text: str) -> int:
+    if text.isdigit() and int(text) < 2**63:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2**63 - 1, got {text!r}")
+
+
+def _inputs(args: argparse.Namespace) -> list[str | Path]:
     """The positional inputs, then those of --files-from (one per line, blank lines skipped)."""
     inputs = list(args.inputs)
     if args.files_from is not None:
         try:
-            text = sys.stdin.read() if args.files_from == "-" else Path(args.files_from).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            reason = getattr(e, "strerror", None) or e
-            raise UsageError(f"--files-from {args.files_from}: cannot read ({reason})") from e
-        inputs += [line for line in text.splitlines() if line.strip()]
+            data = sys.stdin.buffer.read() if args.files_from == "-" else Path(args.files_from).read_bytes()
+        except OSError as e:
+            raise UsageError(f"--files-from {args.files_from}: cannot read ({e.strerror or e})") from e
+        # One name per line, whatever its bytes: decoded as the command line is, split at newlines only.
+        lines = (os.fsdecode(line.removesuffix(b"\r")) for line in data.split(b"\n"))
+        inputs += [line for line in lines if line.strip()]
+    # Inputs here name files: one whose name starts with "data:" is a file, not a data URI.
+    inputs = [Path(i) if i.startswith("data:") else i for i in inputs]
     if not inputs:
         raise UsageError("no inputs: name image or video files or folders, or pass --files-from FILE (- for stdin)")
     return inputs
@@ -296,9 +305,12 @@ def _tensors(results: list) -> dict:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from vitjax.weights import convert
+    from vitjax.weights import CheckpointError, convert
 
-    out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
+    try:
+        out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
+    except (CheckpointError, ValueError, OSError) as e:  # a config that is not Qwen3-VL's, a folder it cannot use
+        raise UsageError(f"convert {args.hf_dir} {args.out_dir}: {e}") from e
     print(f"wrote {out}")
     return 0
 
@@ -393,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=VIDEO_MAX_PIXELS,
         help="largest resized area of a video, all frames together, within HF's per-frame cap (default: %(default)s)",
     )
-    enc.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: %(default)s)")
+    enc.add_argument("--seed", type=_seed, default=0, help="seed for --random-init (default: %(default)s)")
     enc.add_argument(
         "--summary",
         choices=("json",),

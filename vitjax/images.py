@@ -41,9 +41,14 @@ def _is_single(inputs: object) -> bool:
     return isinstance(inputs, (str, os.PathLike, bytes, bytearray, memoryview, Image.Image, np.ndarray))
 
 
+def is_data_uri(source: object) -> bool:
+    """A `data:` URI is a str; a path (a `Path`) whose name starts with "data:" is a file."""
+    return isinstance(source, str) and source.startswith("data:")
+
+
 def input_name(source: object, index: int = 0) -> str:
     """How errors name an input: a path names itself, anything else its kind and position among the inputs."""
-    if isinstance(source, str) and source.startswith("data:"):
+    if is_data_uri(source):
         return f"<data URI #{index}>"
     if isinstance(source, (str, os.PathLike)):
         return os.fspath(source)
@@ -93,7 +98,7 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
         if isinstance(source, Video):
             pairs.append((video_name(source, index), source))
             continue
-        if isinstance(source, (str, os.PathLike)) and not str(source).startswith("data:"):
+        if isinstance(source, (str, os.PathLike)) and not is_data_uri(source):
             path = Path(source)
             if _is_dir(path):
                 found = _files_under(path) or [path]
@@ -134,7 +139,11 @@ def missing_reason(path: Path) -> str | None:
 def path_error(name: str, source: object) -> ImageInputError | None:
     """The error a path input that names nothing will get, found without reading anything (None otherwise):
     lets a caller report missing files before it spends time on a model."""
-    if not isinstance(source, (str, os.PathLike)) or str(source).startswith(("data:", "http://", "https://")):
+    if (
+        not isinstance(source, (str, os.PathLike))
+        or is_data_uri(source)
+        or str(source).startswith(("http://", "https://"))
+    ):
         return None
     reason = missing_reason(Path(source))
     return None if reason is None else ImageInputError(name, reason)
@@ -235,7 +244,7 @@ def encoded_bytes(source: object, name: str | None = None) -> bytes | None:
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return bytes(source)
-        if isinstance(source, str) and source.startswith("data:"):
+        if is_data_uri(source):
             return _data_uri_bytes(source)
         if isinstance(source, str) and source.startswith(("http://", "https://")):
             return None  # `load_image` says why it is refused
@@ -275,7 +284,7 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
             image = _loaded(source)
         elif isinstance(source, (bytes, bytearray, memoryview)):
             image = _decode(bytes(source))
-        elif isinstance(source, str) and source.startswith("data:"):
+        elif is_data_uri(source):
             image = _decode(_data_uri_bytes(source))
         elif isinstance(source, str) and source.startswith(("http://", "https://")):
             raise ValueError("URLs are not fetched; download the image and pass its bytes or path")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, load_image, missing_reason
+from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, is_data_uri, load_image, missing_reason
 
 # Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
@@ -72,7 +72,7 @@ def is_video_path(source: object) -> bool:
     """A path (not a data URI) whose extension names a video container."""
     return (
         isinstance(source, (str, os.PathLike))
-        and not str(source).startswith("data:")
+        and not is_data_uri(source)
         and Path(source).suffix.lower() in VIDEO_EXTENSIONS
     )
 

@@ -7,6 +7,8 @@ HF name, so missing, unexpected and mis-shaped tensors are all reported by name.
 from __future__ import annotations
 
 import json
+import shutil
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -291,6 +293,24 @@ def check_params(params: Params, cfg: VisionConfig, where: str) -> None:
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
-    """HF directory -> converted orbax directory (the vision tower only)."""
-    cfg = VisionConfig.from_hf(hf_dir)
-    return save_orbax(out_dir, cfg, load_hf(hf_dir, cfg, progress=progress))
+    """HF directory -> converted orbax directory (the vision tower only), written whole or not at all: into a
+    new folder beside `out_dir`, renamed into place once complete (replacing an earlier conversion there)."""
+    source, out = Path(hf_dir).absolute(), Path(out_dir).absolute()
+    if out.resolve() == source.resolve():
+        raise CheckpointError(f"{out}: is the checkpoint being converted; write the conversion elsewhere")
+    if out.exists() and not is_orbax(out) and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out}: exists and is not a converted checkpoint; refusing to replace it")
+    if not out.parent.is_dir():
+        raise CheckpointError(f"{out.parent}: no such folder")
+    cfg = VisionConfig.from_hf(source)
+    staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.partial"
+    staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
+    try:
+        save_orbax(staging, cfg, load_hf(source, cfg, progress=progress))
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
