@@ -304,6 +304,13 @@ def test_device_resident_pixels(monkeypatch):
             np.testing.assert_array_equal(a, b)
     # The 120+36-row request ends in a partial 16-row chunk (the others fill whole chunks): nothing compiled.
     assert buckets._partial_chunk._cache_size() == before + 1
+    # Rows of another dtype (integers here) on the device go the host path, as float32, at every size.
+    levels = np.random.default_rng(7).integers(0, 255, (156, CFG.patch_dim)).astype(np.int32)
+    grids = REQUESTS[5]  # 120 + 36 rows: whole chunks and a partial one
+    assert sum(t * h * w for t, h, w in grids) == 156
+    on_device = enc.encode_patches(jnp.asarray(levels), np.array(grids))
+    for a, b in zip(on_device, enc.encode_patches(levels.astype(np.float32), np.array(grids)), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_call_layouts_stay_on_the_device(monkeypatch):

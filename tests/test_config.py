@@ -76,6 +76,8 @@ def test_from_hf_errors(tmp_path):
         vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "hidden_act": "gelu"})
     with pytest.raises(ValueError, match=r"deepstack_visual_indexes \[30\] are outside the 24 blocks"):
         vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "deepstack_visual_indexes": [5, 30]})
+    with pytest.raises(ValueError, match=r"spatial_merge_size 3 is not supported \(Qwen3-VL merges 2x2\)"):
+        vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "spatial_merge_size": 3})
     for unordered in ([17, 5, 11], [5, 5, 11]):
         with pytest.raises(ValueError, match=rf"deepstack_visual_indexes \{unordered} must be ascending"):
             vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "deepstack_visual_indexes": unordered})

@@ -441,7 +441,8 @@ class Engine:
         if isinstance(pixels, jax.Array):
             if pixels.shape[0] >= chunk and np.dtype(pixels.dtype) in PIXEL_DTYPES:
                 return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
-            pixels = np.asarray(pixels)  # shorter than one chunk (at most 2048 rows): through the host
+            # Shorter than one chunk (at most 2048 rows), or not a pixel dtype: through the host, as the host path.
+            pixels = np.asarray(pixels, _pixel_dtype(pixels))
         dtype = _pixel_dtype(pixels)
         pieces = []  # host views of the request (the last partial chunk copied), or None for all padding
         for start in range(row, row + tokens, chunk):

@@ -46,6 +46,8 @@ class VisionConfig:
         if list(self.deepstack_visual_indexes) != sorted(set(self.deepstack_visual_indexes)):
             # HF orders the deepstack features by block, but numbers their mergers by position in this list.
             raise ValueError(f"deepstack_visual_indexes {list(self.deepstack_visual_indexes)} must be ascending")
+        if self.spatial_merge_size != 2:  # the buckets hold whole 2x2 merge groups
+            raise ValueError(f"spatial_merge_size {self.spatial_merge_size} is not supported (Qwen3-VL merges 2x2)")
         if self.hidden_act != "gelu_pytorch_tanh":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3-VL uses 'gelu_pytorch_tanh')")
 
