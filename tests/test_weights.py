@@ -194,7 +194,9 @@ def test_convert_writes_whole_or_nothing_and_refuses_what_it_cannot_use(full_mod
     other.mkdir()
     (other / "notes.txt").write_text("keep")
     refused(path, other, "exists and is not a converted checkpoint")
-    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    (other / weights.ORBAX_PARAMS).mkdir()  # a params/ folder beside other files is not a conversion either
+    refused(path, other, "exists and is not a converted checkpoint")
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt", "params"]
     qwen2 = tmp_path / "qwen2"
     qwen2.mkdir()
     (qwen2 / "config.json").write_text(json.dumps({**json.loads(source_config), "model_type": "qwen2_vl"}))

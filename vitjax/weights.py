@@ -281,7 +281,8 @@ def check_params(params: Params, cfg: VisionConfig, where: str) -> None:
     found = {"/".join(str(k.key) for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
     missing = [k for k in expected if k not in found]
     if missing:
-        raise CheckpointError(f"{where}: {len(missing)} parameters missing: {', '.join(missing[:8])}")
+        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise CheckpointError(f"{where}: {len(missing)} parameters missing: {shown}")
     for key, leaf in found.items():
         if key not in expected:
             raise CheckpointError(f"{where}: unexpected parameter {key} for a {cfg.depth}-block tower")
@@ -298,19 +299,27 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     source, out = Path(hf_dir).absolute(), Path(out_dir).absolute()
     if out.resolve() == source.resolve():
         raise CheckpointError(f"{out}: is the checkpoint being converted; write the conversion elsewhere")
-    if out.exists() and not is_orbax(out) and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"{out}: exists and is not a converted checkpoint; refusing to replace it")
+    earlier = out.is_dir() and {p.name for p in out.iterdir()} == {"config.json", ORBAX_PARAMS}
+    if out.exists() and not earlier and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out}: exists and is not a converted checkpoint (config.json and params/ only)")
     if not out.parent.is_dir():
         raise CheckpointError(f"{out.parent}: no such folder")
     cfg = VisionConfig.from_hf(source)
-    staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.partial"
+    tag = uuid.uuid4().hex[:8]
+    staging, old = out.parent / f".{out.name}.{tag}.partial", out.parent / f".{out.name}.{tag}.old"
     staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
     try:
         save_orbax(staging, cfg, load_hf(source, cfg, progress=progress))
         if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+            out.rename(old)  # the earlier conversion (or an empty folder) goes only once the new one is in place
+        try:
+            staging.rename(out)
+        except BaseException:
+            if old.exists():
+                old.rename(out)
+            raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    shutil.rmtree(old, ignore_errors=True)
     return out
