@@ -3,9 +3,10 @@
 `python tests/sglang_driver.py SPEC.json OUT.json`: SPEC gives the backend ("torch": SGLang's own tower,
 "jax": the bridge, configured exactly as `bridge.launch_server` configures it), the model, Engine
 arguments and the requests, sent one at a time (an `update_weights` entry instead updates those tensors to
-their saved values). OUT gets, per request, the greedy output tokens with their log-probabilities and top
-alternatives, or the error (per update, what SGLang answered). A process of its own per Engine, because
-SGLang reads its hooks from the environment at spawn time and kills its process tree on fatal errors.
+their saved values times its `scale`, default 1). OUT gets, per request, the greedy output tokens with their
+log-probabilities and top alternatives, or the error (per update, what SGLang answered). A process of its own
+per Engine, because SGLang reads its hooks from the environment at spawn time and kills its process tree on
+fatal errors.
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ def main(spec_file: str, out_file: str) -> None:
                 from safetensors.torch import load_file
 
                 saved = {k: v for f in Path(spec["model"]).glob("*.safetensors") for k, v in load_file(f).items()}
+                scale = request.get("scale", 1.0)
+                named = [(name, saved[name] * scale) for name in request["update_weights"]]
                 steps = [
                     engine.begin_weight_update(),
-                    engine.update_weights_from_tensor([(name, saved[name]) for name in request["update_weights"]]),
+                    engine.update_weights_from_tensor(named),
                     engine.end_weight_update(),
                 ]
                 results.append({"update": [list(step) for step in steps]})

@@ -39,11 +39,11 @@ REQUESTS = [
     # One new image beside a cached one: only the new one is encoded.
     {"prompt": user_prompt(2, "And now?"), "images": [str(IMAGES / "rocket.jpg"), str(IMAGES / "coffee.jpg")]},
 ]
-# Weight updates (the checkpoint's own values), then an image not seen before: one update of the language model
-# only (as RL trainers push them), one of two vision tensors (the tower updates them in place).
+# Weight updates, then an image not seen before: one of the language model only (as RL trainers push them, here
+# its own values), one of two vision tensors, changed (the tower updates them in place; stock SGLang its own).
 AFTER_UPDATE = [
     {"update_weights": ["model.language_model.norm.weight", "lm_head.weight"]},
-    {"update_weights": ["model.visual.blocks.1.mlp.linear_fc1.weight", "model.visual.merger.norm.bias"]},
+    {"update_weights": ["model.visual.blocks.1.mlp.linear_fc1.weight", "model.visual.merger.norm.bias"], "scale": 3},
     {"prompt": user_prompt(1, "Describe."), "images": [str(IMAGES / "camera.png")]},
 ]
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
     listing = tmp_path / "inputs.txt"
     missing = str(tmp_path / "missing.jpg")
     listing.write_text(f"{PHOTOS[1]}\n\n{missing}\n")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{PHOTOS[2]}\n".encode())))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{PHOTOS[2]}\n"))  # text only, as an embedding caller's
     out = tmp_path / "out.safetensors"
     common = ["--model", str(checkpoint), "--dtype", "float32", "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
     code, stdout, err = run(
@@ -155,11 +156,12 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
 def test_files_from_takes_any_file_name_one_per_line(checkpoint, tmp_path, capsys, monkeypatch):
     """Names with line-separator characters other than a newline, bytes that are not UTF-8, and a name that starts
     with "data:" (a file here, not a data URI), from a file and from standard input."""
+    monkeypatch.chdir(tmp_path)  # names relative to it: "data:camera.png" starts with "data:"
     odd = [
-        tmp_path / "next\x85line.png",
-        tmp_path / "para\u2028graph.png",
-        tmp_path / os.fsdecode(b"latin\xe9.png"),
-        tmp_path / "data:camera.png",
+        Path("next\x85line.png"),
+        Path("para\u2028graph.png"),
+        Path(os.fsdecode(b"latin\xe9.png")),
+        Path("data:camera.png"),
     ]
     for path in odd:
         shutil.copy(PHOTOS[0], path)
@@ -177,8 +179,9 @@ def test_files_from_takes_any_file_name_one_per_line(checkpoint, tmp_path, capsy
 
 
 def test_seed_out_of_range_is_a_usage_error(tmp_path, capsys):
-    code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "--seed", str(2**64), "-o", "x")
-    assert code == 2 and f"argument --seed: expected a whole number from 0 to 2**63 - 1, got '{2**64}'" in err
+    for seed in (str(2**64), "²"):
+        code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "--seed", seed, "-o", "x")
+        assert code == 2 and f"--seed: expected a whole number from -2**63 to 2**63 - 1, got '{seed}'" in err
 
 
 def test_fit_granule_reaches_the_encoder(checkpoint, tmp_path, capsys, monkeypatch):

@@ -105,11 +105,14 @@ def test_encoder_cache_is_bounded(checkpoint):
 def test_cache_bound_covers_the_memory_it_keeps(checkpoint):
     """Per-image results are views of their call's whole output; a cached one must not keep that output alive."""
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    gc.collect()
+    before = {id(a) for a in jax.live_arrays()}  # what other tests and fixtures keep is not this encoder's
     results = enc.encode([str(p) for p in PHOTOS[:4]], max_pixels=MAX_PIXELS)
     assert len(enc.cache) == 4
     del results
     gc.collect()
-    features = [a for a in jax.live_arrays() if a.ndim == 2 and a.shape[1] == enc.cfg.output_width]
+    new = [a for a in jax.live_arrays() if id(a) not in before]
+    features = [a for a in new if a.ndim == 2 and a.shape[1] == enc.cfg.output_width]
     assert sum(a.nbytes for a in features) == enc.cache.stats.bytes, [a.shape for a in features]
 
 

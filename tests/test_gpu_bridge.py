@@ -179,8 +179,10 @@ tower = bridge.JaxVisionTower(config=cfg, device=f"cuda:{k}", dtype=torch.bfloat
 tower.load(((n, v.numpy()) for n, v in hf.state_dict().items()), where="HF state_dict")
 out = tower(torch.from_numpy(pixels).to(f"cuda:{k}", torch.bfloat16), torch.tensor(GRIDS))
 a, b = out.double().cpu().numpy().ravel(), hf_outputs(hf, pixels, GRIDS).astype(np.float64).ravel()
+import jax
+others = {str(d): d.memory_stats().get("bytes_in_use", 0) for d in jax.devices("gpu") if d.id != k}
 print(json.dumps({"gpu": k, "features": str(out.device), "jax": str(tower.encoder.parallel.engines[0].devices[0]),
-                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))}))
+                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), "others": others}))
 """
 
 
@@ -196,9 +198,11 @@ def test_tower_on_a_gpu_other_than_the_first():
     run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"tower on cuda:{got['gpu']}: JAX device {got['jax']}, cos vs HF fp32 {got['cos']:.6f}")
+    print(f"tower on cuda:{got['gpu']}: JAX device {got['jax']}, cos vs HF fp32 {got['cos']:.6f}, JAX bytes "
+          f"on the other GPUs {got['others']}")  # fmt: skip
     k = got["gpu"]
     assert (got["features"], got["jax"]) == (f"cuda:{k}", f"cuda:{k}") and got["cos"] > 0.999
+    assert set(got["others"].values()) == {0}  # nothing of the tower's on the GPUs it does not run on
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
     run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode != 0 and "XLA_PYTHON_CLIENT_PREALLOCATE must be false" in run.stderr

@@ -182,3 +182,24 @@ def test_cli_devices(checkpoint, tmp_path, capsys):
     argv = ["encode", str(tmp_path), "--random-init", "qwen3-vl-2b", "--devices", "0", "-o", "x.safetensors"]
     assert cli_main(argv) == 2  # usage
     assert "expected a positive count or 'all'" in capsys.readouterr().err
+
+
+def test_weights_live_only_on_the_encoders_devices(params):
+    """An encoder on the second device (an SGLang rank on GPU 1) keeps no copy of its weights on the first, when
+    built and after new weights are set in place."""
+    second = jax.local_devices()[1]
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=[second], buckets=POLICY)
+
+    def placement() -> set:
+        leaves = jax.tree.leaves(enc._state) + jax.tree.leaves(enc.parallel.engines[0]._state)
+        return {d for leaf in leaves for d in leaf.devices()}
+
+    x = pixels_for(GRIDS[:2], CFG, seed=3)
+    before = [np.asarray(o) for o in enc.encode_patches(x, np.array(GRIDS[:2]))]
+    assert placement() == {second}
+    doubled = jax.tree.map(lambda a: a * 2, enc.params())
+    enc.set_params(doubled)
+    assert placement() == {second}
+    enc.set_params(jax.tree.map(lambda a: a / 2, doubled))
+    for got, ref in zip(enc.encode_patches(x, np.array(GRIDS[:2])), before, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), ref)

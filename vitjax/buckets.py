@@ -235,7 +235,7 @@ class Engine:
             self._mesh = jax.sharding.Mesh(np.array(self.devices), ("seq",))
             self._split = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec("seq"))
             self._whole = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
-        self._graph, self._state = graph, jax.device_put(state, self._whole)  # no copy when already there
+        self._graph, self._state = graph, self.placed(state)
         self._executables: dict[tuple, jax.stages.Compiled] = {}
         self._zero_chunks: dict[tuple[jax.Device, int, np.dtype], jax.Array] = {}
         self._layouts: collections.OrderedDict[tuple, tuple[jax.Array, ...]] = collections.OrderedDict()
@@ -247,9 +247,13 @@ class Engine:
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
+    def placed(self, state: nnx.State) -> nnx.State:
+        """`state` on this engine's devices (no copy when already there)."""
+        return jax.device_put(state, self._whole)
+
     def set_state(self, state: nnx.State) -> None:
         """New weights of the same shapes: every executable takes them as an argument, so none is rebuilt."""
-        self._state = jax.device_put(state, self._whole)
+        self._state = self.placed(state)
 
     def _max_length(self, bucket: Bucket, longest_frame: int) -> int:
         """Static padded-batch row length: the smallest ladder size holding the longest frame (packed: unused).
@@ -312,11 +316,12 @@ class Engine:
 
     def _fit(
         self, bucket: Bucket, rows: int, pixel_dtype: np.dtype, longest: int, wanted: list[tuple]
-    ) -> tuple[Bucket, np.dtype, int]:
-        """The executable key a call of `rows` in `bucket` runs under: its fitted bucket's (`BucketPolicy.fitted`)
-        once that is compiled, else the ladder bucket's. The `FIT_AFTER`-th call of a size adds the fitted key to
+    ) -> tuple[tuple[Bucket, np.dtype, int], jax.stages.Compiled | None]:
+        """The executable key a call of `rows` in `bucket` runs under, and for a fitted key its executable (taken
+        under the lock, so no other call can evict it first): its fitted bucket's (`BucketPolicy.fitted`) once
+        that is compiled, else the ladder bucket's. The `FIT_AFTER`-th call of a size adds the fitted key to
         `wanted`, compiled on a background thread once the request is dispatched (`run`)."""
-        ladder = (bucket, pixel_dtype, self._max_length(bucket, longest))
+        ladder = (bucket, pixel_dtype, self._max_length(bucket, longest)), None
         fitted = self.policy.fitted(bucket, rows)
         if fitted is None or fitted.tokens % (4 * len(self.devices)):
             return ladder
@@ -324,9 +329,9 @@ class Engine:
         with self._fit_lock:  # calls from several threads share these tables
             if key in self._fitted:
                 self._fitted.move_to_end(key)
-                return key
+                return key, self._executables[key]
             if key in self._executables:  # compiled by a warm-up that named it
-                return key
+                return key, self._executables[key]
             future = self._fitting.get(key)
             if future is None:
                 seen = self._sightings[key] = self._sightings.pop(key, 0) + 1
@@ -350,7 +355,7 @@ class Engine:
             self._fitted[key] = None
             while len(self._fitted) > FITTED_EXECUTABLES:
                 del self._executables[self._fitted.popitem(last=False)[0]]
-            return key
+            return key, self._executables[key]
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait (at most `timeout` seconds) for the fitted buckets being compiled; the next call of each size runs in
@@ -383,8 +388,10 @@ class Engine:
     def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
         """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
         rows start at `first_row` of `pixel_values`."""
-        if isinstance(pixel_values, jax.Array) and len(self.devices) > 1:
-            pixel_values = np.asarray(pixel_values)  # split over the group on the host, like any host pixels
+        if isinstance(pixel_values, jax.Array) and (
+            len(self.devices) > 1 or np.dtype(pixel_values.dtype) not in PIXEL_DTYPES
+        ):  # split over the group on the host, or made float32 there (once a request), like any host pixels
+            pixel_values = np.asarray(pixel_values)
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
         elif self.devices[0] not in pixel_values.devices():
@@ -394,9 +401,10 @@ class Engine:
         for ladder_bucket, images in self.policy.plan(grids):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
-            key = self._fit(ladder_bucket, rows, dtype, max(g[1] * g[2] for g in call_grids), wanted)
+            key, fitted = self._fit(ladder_bucket, rows, dtype, max(g[1] * g[2] for g in call_grids), wanted)
             bucket = key[0]
-            output = self.executable(*key)(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
+            exe = fitted or self.executable(*key)
+            output = exe(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
             if self._mesh is not None:  # replicated: keep the first device's copy
                 output = next(s.data for s in output.addressable_shards if s.device == self.devices[0])
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit), bucket))
@@ -439,10 +447,9 @@ class Engine:
         chunk = self._chunk_rows(tokens)
         layout_args = self._layout(grids, bucket)
         if isinstance(pixels, jax.Array):
-            if pixels.shape[0] >= chunk and np.dtype(pixels.dtype) in PIXEL_DTYPES:
+            if pixels.shape[0] >= chunk:
                 return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
-            # Shorter than one chunk (at most 2048 rows), or not a pixel dtype: through the host, as the host path.
-            pixels = np.asarray(pixels, _pixel_dtype(pixels))
+            pixels = np.asarray(pixels)  # shorter than one chunk (at most 2048 rows): through the host
         dtype = _pixel_dtype(pixels)
         pieces = []  # host views of the request (the last partial chunk copied), or None for all padding
         for start in range(row, row + tokens, chunk):

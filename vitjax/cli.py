@@ -47,9 +47,9 @@ def _device_count(text: str) -> int | str:
 
 
 def _seed(text: str) -> int:
-    if text.isdigit() and int(text) < 2**63:
+    if re.fullmatch(r"-?[0-9]+", text) and -(2**63) <= int(text) < 2**63:
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2**63 - 1, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected a whole number from -2**63 to 2**63 - 1, got {text!r}")
 
 
 def _inputs(args: argparse.Namespace) -> list[str | Path]:
@@ -57,7 +57,11 @@ def _inputs(args: argparse.Namespace) -> list[str | Path]:
     inputs = list(args.inputs)
     if args.files_from is not None:
         try:
-            data = sys.stdin.buffer.read() if args.files_from == "-" else Path(args.files_from).read_bytes()
+            if args.files_from != "-":
+                data = Path(args.files_from).read_bytes()
+            else:  # a text stream without bytes underneath (an embedding caller's) gives its text back as bytes
+                stdin = getattr(sys.stdin, "buffer", None)
+                data = stdin.read() if stdin is not None else os.fsencode(sys.stdin.read())
         except OSError as e:
             raise UsageError(f"--files-from {args.files_from}: cannot read ({e.strerror or e})") from e
         # One name per line, whatever its bytes: decoded as the command line is, split at newlines only.

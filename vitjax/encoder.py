@@ -99,7 +99,8 @@ class Encoder:
         self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
         self.cache = EmbeddingCache(cache_bytes)
         self.images_encoded = 0
-        self._graph, self._state = nnx.split(model)
+        self._graph, state = nnx.split(model)
+        self._state = jax.device_put(state, picked[0])  # where the first engine runs (no copy when already there)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
         groups = device_groups(picked, sequence_parallel, cfg.num_heads)
         automatic = attention is None and not os.environ.get(ATTENTION_ENV)
@@ -114,7 +115,8 @@ class Encoder:
         dtype = jnp.dtype(dtype)
         model = abstract_tower(cfg, dtype)
         state = nnx.state(model)
-        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a: jnp.asarray(a, dtype), params))
+        first = pick_devices(kw.get("devices"))[0]  # built there: a GPU the encoder does not use gets nothing
+        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a: jax.device_put(np.asarray(a, dtype), first), params))
         nnx.update(model, state)
         return cls(cfg, model, **kw)
 
@@ -127,10 +129,14 @@ class Encoder:
         the embedding cache, which holds the old weights' results, is emptied."""
         weights.check_params(params, self.cfg, "set_params")
         state = jax.tree.map(lambda x: x, self._state)  # the same tree, its leaves replaced below
-        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params))
+        placed = jax.tree.map(
+            lambda a, o: jax.device_put(np.asarray(a, self.dtype), o.sharding), params, nnx.to_pure_dict(state)
+        )
+        nnx.replace_by_pure_dict(state, placed)
+        states = [engine.placed(state) for engine in self.parallel.engines]  # all copies made before any is used
         self._state = state
-        for engine in self.parallel.engines:
-            engine.set_state(state)
+        for engine, placed_state in zip(self.parallel.engines, states, strict=True):
+            engine.set_state(placed_state)
         self.cache.clear()
 
     @classmethod
@@ -278,6 +284,10 @@ class Encoder:
         results: list[Encoded | ImageInputError] = []
         for (name, _), entry, key in zip(items, outcome, keys, strict=True):
             value = entry if key is None else _settled(found[key])
+            if isinstance(value, RuntimeError):  # that other call's failure: raised, or this input's error
+                if settings.errors == "raise":
+                    raise value
+                value = ImageInputError(name, str(value))
             if isinstance(value, ImageInputError):
                 value = value if value.name == name else ImageInputError(name, value.reason)
                 if settings.errors == "raise":
@@ -335,12 +345,12 @@ class Encoder:
 
 
 def _settled(value: object) -> object:
-    """A value found for a digest; a `Future` (another thread encoded it) is waited for, its input error returned."""
+    """A value found for a digest; a `Future` (another thread encoded it) is waited for, its error returned."""
     if not isinstance(value, Future):
         return value
     try:
         return value.result()
     except ImageInputError as e:
         return e
-    except Exception as e:  # the other call failed for its own reason (out of memory, interrupted): an error here
-        return ImageInputError("", str(e))  # named by the caller, as the waiter names its input
+    except RuntimeError as e:  # the call encoding it failed for its own reason (out of memory, interrupted)
+        return e

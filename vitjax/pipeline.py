@@ -280,7 +280,7 @@ class Pipeline:
 
     def fill(self, items: Sequence[Item]) -> tuple[np.ndarray | jax.Array, list[ImageInputError | None]]:
         """The rows of `items` (all made on the host, or all by DALI), concatenated in order, and per item its
-        error (its rows then undefined) or None."""
+        error (its rows then zeros, or DALI's black stand-in) or None."""
         batch = self.batch(sum(item.tokens for item in items), all(self.host(item) for item in items))
         for item in items:
             batch.add(item)
