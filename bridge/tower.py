@@ -9,6 +9,7 @@ between torch and JAX through DLPack; all tower logic is vitjax's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -111,46 +112,55 @@ class JaxVisionTower(nn.Module):
     def load(self, tensors: Iterable[tuple[str, np.ndarray]], where: str, model_id: str | None = None, **kw) -> None:
         """Build the encoder from (HF name, array) pairs (vitjax's strict checks), on this tower's device. Once
         built, a load is an update (SGLang's weight updates): the tensors given replace theirs in place."""
-        if self.encoder is not None:
-            self.encoder.set_params(from_named_arrays(tensors, self.config, where, base=self.encoder.params()))
-            return
-        params = from_named_arrays(tensors, self.config, where)
-        dtype = str(self.dtype).removeprefix("torch.")
-        kw.setdefault("devices", [jax_device(self.device)])
-        kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
-        kw.setdefault("buckets", backend.bucket_policy())
-        self.encoder = vitjax.Encoder.from_params(self.config, params, dtype, model_id=model_id or where, **kw)
+        with self._on_device():
+            if self.encoder is not None:
+                self.encoder.set_params(from_named_arrays(tensors, self.config, where, base=self.encoder.params()))
+                return
+            params = from_named_arrays(tensors, self.config, where)
+            dtype = str(self.dtype).removeprefix("torch.")
+            kw.setdefault("devices", [jax_device(self.device)])
+            kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
+            kw.setdefault("buckets", backend.bucket_policy())
+            self.encoder = vitjax.Encoder.from_params(self.config, params, dtype, model_id=model_id or where, **kw)
 
     def warmup(self, buckets: Sequence[Bucket] | None = None) -> None:
         """Compile (or load from the persistent cache) the executables the served pixel rows will use."""
-        self._ready().warmup(buckets, pixel_dtype=str(self.dtype).removeprefix("torch."))
+        with self._on_device():
+            self._ready().warmup(buckets, pixel_dtype=str(self.dtype).removeprefix("torch."))
 
     def warmup_for_serving(self) -> None:
         """The warm-up `VITJAX_WARMUP` asks for: "all" buckets (default), "none", or token sizes "512,4096"."""
         self.warmup(backend.warmup_buckets(self._ready().parallel.engines[0].policy))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
-        encoder = self._ready()
-        grid = np.asarray(grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw)
-        grid = grid if grid.size else np.zeros((0, 3), np.int64)  # a call without items; the rest is checked below
-        pixel_values = pixel_values.to(self.dtype)
-        # Rows already on the tower's kind of device are read in place; host rows for a GPU tower go the
-        # host path (chunks copied up), not through a CPU JAX array sliced by ops compiled per row count.
-        on_device = pixel_values.device.type == self.device.type
-        pixels = dlpack.to_jax(pixel_values) if on_device else dlpack.to_numpy(pixel_values)
-        start = time.perf_counter()
-        outs = encoder.encode_patches(pixels, grid)  # checks grid and row count first, names what is wrong
-        self.calls += 1
-        self.items += len(outs)
-        if not outs:
-            return torch.empty((0, self.out_hidden_size), device=self.device, dtype=self.dtype)
-        out = outs[0] if len(outs) == 1 else jnp.concatenate(outs)
-        features = dlpack.to_torch(out)
-        if trace := os.environ.get(backend.TRACE_ENV):
-            record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
-            with open(trace, "a") as f:
-                f.write(json.dumps(record) + "\n")
-        return features if features.device == self.device else features.to(self.device)
+        with self._on_device():
+            encoder = self._ready()
+            grid = np.asarray(grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw)
+            grid = grid if grid.size else np.zeros((0, 3), np.int64)  # a call without items; the rest is checked below
+            pixel_values = pixel_values.to(self.dtype)
+            # Rows already on the tower's kind of device are read in place; host rows for a GPU tower go the
+            # host path (chunks copied up), not through a CPU JAX array sliced by ops compiled per row count.
+            on_device = pixel_values.device.type == self.device.type
+            pixels = dlpack.to_jax(pixel_values) if on_device else dlpack.to_numpy(pixel_values)
+            start = time.perf_counter()
+            outs = encoder.encode_patches(pixels, grid)  # checks grid and row count first, names what is wrong
+            self.calls += 1
+            self.items += len(outs)
+            if not outs:
+                return torch.empty((0, self.out_hidden_size), device=self.device, dtype=self.dtype)
+            out = outs[0] if len(outs) == 1 else jnp.concatenate(outs)
+            features = dlpack.to_torch(out)
+            if trace := os.environ.get(backend.TRACE_ENV):
+                record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
+                with open(trace, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            return features if features.device == self.device else features.to(self.device)
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """torch's current CUDA device set to the tower's around JAX work and given back after: JAX may leave the CUDA
+        runtime on another GPU (a tower on cuda:1 found torch on cuda:0 after loading; 2 x H100, JAX 0.11.2), and
+        torch reads it (DLPack export, and SGLang's own work after the tower)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _ready(self) -> vitjax.Encoder:
         if self.encoder is None:

@@ -182,7 +182,8 @@ a, b = out.double().cpu().numpy().ravel(), hf_outputs(hf, pixels, GRIDS).astype(
 import jax
 others = {str(d): d.memory_stats().get("bytes_in_use", 0) for d in jax.devices("gpu") if d.id != k}
 print(json.dumps({"gpu": k, "features": str(out.device), "jax": str(tower.encoder.parallel.engines[0].devices[0]),
-                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), "others": others}))
+                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), "others": others,
+                  "torch_device": torch.cuda.current_device()}))
 """
 
 
@@ -203,6 +204,7 @@ def test_tower_on_a_gpu_other_than_the_first():
     k = got["gpu"]
     assert (got["features"], got["jax"]) == (f"cuda:{k}", f"cuda:{k}") and got["cos"] > 0.999
     assert set(got["others"].values()) == {0}  # nothing of the tower's on the GPUs it does not run on
+    assert got["torch_device"] == k  # torch's current device is where the rank left it
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
     run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode != 0 and "XLA_PYTHON_CLIENT_PREALLOCATE must be false" in run.stderr

@@ -51,7 +51,7 @@ def towers(tmp_path_factory):
     cfg = vitjax.VisionConfig.preset("qwen3-vl-8b")
     hf_cfg = Qwen3VLVisionConfig(**{k: v for k, v in cfg.to_hf().items() if k != "model_type"})
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device("cuda:0"):  # named: JAX calls on the second GPU leave it the CUDA runtime's current one
         hf = Qwen3VLVisionModel._from_config(hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
         with torch.no_grad():  # HF leaves norms at 1 and biases at 0: perturb them so they are exercised
             for name, p in hf.named_parameters():
@@ -83,7 +83,7 @@ def _runs(impl: str) -> bool:
 
 def _hf(model, pixels: np.ndarray, dtype, grids=GRIDS) -> np.ndarray:
     with torch.inference_mode():
-        out = model(torch.from_numpy(pixels).to("cuda", dtype), grid_thw=torch.tensor(grids, device="cuda"))
+        out = model(torch.from_numpy(pixels).to("cuda:0", dtype), grid_thw=torch.tensor(grids, device="cuda:0"))
     return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().cpu().numpy()
 
 
