@@ -309,11 +309,11 @@ def _tensors(results: list) -> dict:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from vitjax.weights import CheckpointError, convert
+    from vitjax.weights import convert
 
     try:
         out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
-    except (CheckpointError, ValueError, OSError) as e:  # a config that is not Qwen3-VL's, a folder it cannot use
+    except (ValueError, OSError) as e:  # a CheckpointError, a config that is not Qwen3-VL's, a folder it cannot use
         raise UsageError(f"convert {args.hf_dir} {args.out_dir}: {e}") from e
     print(f"wrote {out}")
     return 0

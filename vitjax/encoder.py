@@ -128,10 +128,9 @@ class Encoder:
         """Replace the weights in place (same config; not while calls run): the compiled executables stay, and
         the embedding cache, which holds the old weights' results, is emptied."""
         weights.check_params(params, self.cfg, "set_params")
-        state = jax.tree.map(lambda x: x, self._state)  # the same tree, its leaves replaced below
-        placed = jax.tree.map(
-            lambda a, o: jax.device_put(np.asarray(a, self.dtype), o.sharding), params, nnx.to_pure_dict(state)
-        )
+        old = nnx.to_pure_dict(self._state)
+        placed = jax.tree.map(lambda a, o: jax.device_put(np.asarray(a, self.dtype), o.sharding), params, old)
+        state = jax.tree.map(lambda x: x, self._state)  # the same tree, given the new leaves
         nnx.replace_by_pure_dict(state, placed)
         states = [engine.placed(state) for engine in self.parallel.engines]  # all copies made before any is used
         self._state = state
