@@ -356,6 +356,20 @@ def test_bad_video_costs_only_itself(enc, clip_file, tmp_path):
     assert "at least 2 frames" in results[2].reason
 
 
+def test_num_frames_beyond_max_frames_is_that_videos_error(enc, clip_file):
+    """HF samples any num_frames; 10**9 would take 8 GB of indices (and an array video 10**9 frames) before
+    failing, so a video asking for more than max_frames is its own error, found before anything is decoded."""
+    huge = 10**9
+    videos = [vitjax.Video(clip_file, num_frames=huge), vitjax.Video(noise_clip(4, 32, 32), num_frames=huge)]
+    results = enc.encode([*videos, vitjax.Video(noise_clip(4, 32, 32), num_frames=768)], errors="return")
+    for result, name in zip(results, [str(clip_file), "<video #1>"], strict=False):
+        assert isinstance(result, VideoInputError) and result.name == name
+        assert result.reason == f"num_frames={huge}: at most max_frames=768 frames are sampled"
+    assert results[2].grid_thw[0] == 384  # the limit itself is taken: the clip's frames repeated, as HF does
+    rows, grid = preprocess_video(noise_clip(4, 32, 32), num_frames=800, max_frames=800)
+    assert grid.tolist() == [[400, 2, 2]] and len(rows) == 1600
+
+
 def test_a_video_that_fails_midway_leaves_its_batchmates_exact(enc, clip_file, tmp_path, monkeypatch):
     """A clip whose frames stop decoding after its rows were reserved: the rows it left unwritten (here NaN, as
     fresh host memory may be) must not reach the images beside it in the same tower call."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
+from vitjax.video import MAX_FRAMES
 
 # Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
 # the device's work (20 x 960x1280 JPEGs on an H200: 471 ms vs 532 ms in one call, bench/NOTES.md).
@@ -82,8 +83,9 @@ class EncodeSettings:
             )
         if self.fps is not None and not _is_positive(self.fps):
             raise SettingError("fps", self.fps, "must be a positive number of frames per second")
-        if self.num_frames is not None and not (_is_int(self.num_frames) and self.num_frames >= 1):
-            raise SettingError("num_frames", self.num_frames, "must be a positive integer")
+        if self.num_frames is not None and not (_is_int(self.num_frames) and 1 <= self.num_frames <= MAX_FRAMES):
+            accepted = f"must be an integer from 1 to {MAX_FRAMES} (HF's max_frames)"
+            raise SettingError("num_frames", self.num_frames, accepted)
         if self.fps is not None and self.num_frames is not None:
             raise SettingError("num_frames", self.num_frames, f"excludes fps={self.fps}; give one of them")
         largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows

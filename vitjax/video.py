@@ -2,9 +2,10 @@
 
 Frame sampling is HF transformers' `Qwen3VLVideoProcessor.sample_frames` (default 2 frames per second of
 the source, at least 4 and at most 768 frames, never more than the video has; or exactly `num_frames`,
-evenly spaced). Files are decoded as HF's PyAV backend (`transformers.video_utils.read_video_pyav`) does:
-the frame count and rate come from the container's video stream, frames are decoded in order up to the
-last one wanted and converted with `to_ndarray(format="rgb24")`, so the frames are the ones HF gets.
+evenly spaced, which vitjax also holds to at most 768). Files are decoded as HF's PyAV backend
+(`transformers.video_utils.read_video_pyav`) does: the frame count and rate come from the container's video
+stream, frames are decoded in order up to the last one wanted and converted with `to_ndarray(format="rgb24")`,
+so the frames are the ones HF gets.
 PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only when a file is decoded.
 """
 
@@ -92,11 +93,14 @@ def sample_indices(
 ) -> np.ndarray:
     """HF's `Qwen3VLVideoProcessor.sample_frames`: frame indices of a `total`-frame video at `video_fps`.
 
-    With `num_frames` exactly that many, evenly spaced (repeating frames if the video has fewer); else
-    `fps` per second of video (default 2), clamped to [min_frames, max_frames] and to `total`.
+    With `num_frames` exactly that many, evenly spaced (repeating frames if the video has fewer), at most
+    `max_frames` (a bound HF leaves out); else `fps` per second of video (default 2), clamped to
+    [min_frames, max_frames] and to `total`.
     """
     if fps is not None and num_frames is not None:
         raise ValueError("fps and num_frames exclude each other; give one")
+    if num_frames is not None and num_frames > max_frames:  # HF takes any: 10**9 would fill memory before failing
+        raise ValueError(f"num_frames={num_frames}: at most max_frames={max_frames} frames are sampled")
     if num_frames is None:
         rate = video_fps if video_fps is not None else DEFAULT_VIDEO_FPS
         num_frames = int(total / rate * (fps if fps is not None else FPS))
@@ -196,7 +200,10 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     if total == 0 or 0 in size:
         raise VideoInputError(name, "video stream has no frames")
-    indices = _indices(video, total, min_frames, max_frames, float(rate) if rate else None)
+    try:
+        indices = _indices(video, total, min_frames, max_frames, float(rate) if rate else None)
+    except ValueError as e:
+        raise VideoInputError(name, str(e)) from e
     wanted = sorted(set(indices.tolist()))  # HF's reader keeps a frame once however often it is sampled
 
     def frames() -> Iterator[np.ndarray]:
