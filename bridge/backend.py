@@ -39,6 +39,15 @@ TRACE_ENV = "VITJAX_TRACE"
 XLA_MEMORY_ENVS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
 
 
+def preallocates(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether JAX will preallocate GPU memory, read as jaxlib's xla_client reads the variables (checked on
+    JAX 0.10.2 and 0.11.2): the "platform" allocator never does; otherwise unless PREALLOCATE is false."""
+    env = os.environ if environ is None else environ
+    if env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower() == "platform":
+        return False
+    return env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true") not in ("false", "False", "0")
+
+
 def bucket_policy(environ: Mapping[str, str] | None = None) -> BucketPolicy:
     """The tower's bucket policy: vitjax's default, with the fitted-bucket granule `VITJAX_FIT_GRANULE` sets."""
     from vitjax.buckets import BucketPolicy

@@ -7,6 +7,9 @@ environment SGLang's spawned processes read (`bridge.backend`), then runs SGLang
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import runpy
 import sys
@@ -71,6 +74,28 @@ def with_config_file(argv: list[str]) -> list[str]:
         raise UsageError(f"--config: {e}") from None
 
 
+def gpu_past_the_first(argv: list[str]) -> str | None:
+    """The settings of `argv` (SGLang's arguments) that put some rank on a GPU other than its process's first,
+    or None: read with SGLang's own parser and its rank-to-GPU rule (checked on 0.5.23). A JAX tower on such a
+    GPU opens them all (`bridge.tower._open_gpus`)."""
+    from sglang.srt.environ import envs
+    from sglang.srt.server_args import ServerArgs
+
+    if envs.SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS.get():  # each rank sees only its own GPU, as cuda:0
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args, _ = parser.parse_known_args(argv)
+    except SystemExit:  # arguments SGLang will refuse itself, in its own words
+        return None
+    sizes = {"--tp-size": args.tp_size, "--pp-size": args.pp_size, "--dp-size": args.dp_size}
+    if args.tp_size * args.pp_size * args.dp_size > max(args.nnodes, 1):
+        return " ".join(f"{flag} {size}" for flag, size in sizes.items() if size > 1)
+    return f"--base-gpu-id {args.base_gpu_id}" if args.base_gpu_id > 0 else None
+
+
 def check_hook() -> None:
     """Import the external packages the way SGLang will, but strictly: SGLang only logs an import error there
     and would silently serve its own torch tower (and skip the request checks)."""
@@ -108,6 +133,11 @@ def prepare(argv: Sequence[str]) -> list[str]:
         raise UsageError(str(e)) from None
     if choice == "jax":
         check_hook()
+        if backend.preallocates() and (where := gpu_past_the_first(with_config_file(args))):
+            raise UsageError(
+                f"{where} runs towers on GPUs past the first, and a JAX tower there opens every GPU, so JAX must "
+                "not preallocate (it would take memory on each of them): set XLA_PYTHON_CLIENT_PREALLOCATE=false"
+            )
     return args
 
 

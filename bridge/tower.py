@@ -55,9 +55,7 @@ def _open_gpus(index: int) -> None:
     if index == 0:
         jax.config.update("jax_cuda_visible_devices", "0")
         return
-    # Read as jaxlib's xla_client reads them: the "platform" allocator never preallocates.
-    platform = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower() == "platform"
-    if not platform and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true") not in ("false", "False", "0"):
+    if backend.preallocates():
         raise RuntimeError(
             f"a JAX tower on cuda:{index} opens every GPU (JAX {jax.__version__}), so XLA_PYTHON_CLIENT_PREALLOCATE "
             "must be false: preallocation would take memory on each of them"

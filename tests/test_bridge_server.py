@@ -20,7 +20,7 @@ from sglang_server import server
 from test_bridge_sglang import IMAGES, user_prompt
 
 from bridge import backend
-from bridge.launch_server import UsageError, pop_option, prepare
+from bridge.launch_server import UsageError, gpu_past_the_first, pop_option, prepare
 
 
 def data_uri(path: Path) -> str:
@@ -159,3 +159,30 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--model-path", str(other)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith("bridge.launch_server: error:"), proc.stderr
+
+
+def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(dense, monkeypatch):
+    """A rank's JAX tower on a GPU past the first opens every GPU (bridge.tower._open_gpus) and raises there if JAX
+    would preallocate: after SGLang has started. The launcher finds the same case first, with SGLang's parser."""
+    for var in (*backend.XLA_MEMORY_ENVS, "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS"):
+        monkeypatch.delenv(var, raising=False)
+    assert backend.preallocates({}) and backend.preallocates({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
+    assert not backend.preallocates({"XLA_PYTHON_CLIENT_PREALLOCATE": "False"})
+    assert not backend.preallocates({"XLA_PYTHON_CLIENT_ALLOCATOR": "Platform"})
+    model = ["--model-path", str(dense)]
+    assert gpu_past_the_first([*model, "--tp-size", "2"]) == "--tp-size 2"
+    assert gpu_past_the_first([*model, "--tp", "2", "--dp-size", "2"]) == "--tp-size 2 --dp-size 2"
+    assert gpu_past_the_first([*model, "--base-gpu-id", "3"]) == "--base-gpu-id 3"
+    assert gpu_past_the_first([*model, "--tp-size", "2", "--nnodes", "2"]) is None  # one GPU a node
+    assert gpu_past_the_first(model) is None
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")  # the user's choice: JAX preallocates half
+    with pytest.raises(UsageError, match=r"^--tp-size 2 runs towers on GPUs past the first.*PREALLOCATE=false$"):
+        prepare([*model, "--tp-size", "2"])
+    with pytest.raises(UsageError, match=r"^--base-gpu-id 1 runs towers"):
+        prepare([*model, "--base-gpu-id=1"])
+    assert prepare(model) == model  # one GPU, the first: preallocating there is the user's call
+    monkeypatch.setenv("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS", "1")  # every rank's GPU is its cuda:0
+    assert prepare([*model, "--tp-size", "2"]) == [*model, "--tp-size", "2"]
+    monkeypatch.delenv("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    assert prepare([*model, "--tp-size", "2"]) == [*model, "--tp-size", "2"]
