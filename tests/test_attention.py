@@ -27,6 +27,27 @@ def test_padded_batch_matches_reference(head_dim):
     assert np.all(np.asarray(got)[~real] == 0)
 
 
+def test_reference_keeps_a_non_finite_value_in_its_own_segment():
+    """A NaN or inf in one frame's v stays in that frame, as in HF's per-frame attention and the kernels: a
+    masked-out key's probability is 0, but 0 x NaN in P.V is NaN for every query of the call."""
+    grids = [(1, 4, 6), (2, 2, 4), (1, 6, 6)]
+    packed = layout.pack(grids, 128, 8)
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((128, 2, 72), np.float32) for _ in range(3))
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=36)
+    clean = np.asarray(attention.attention(*map(jnp.asarray, (q, k, v)), seg, "reference"))
+    v[3, 1, 5], v[30, 0, 0] = np.nan, np.inf  # frame 0 head 1; frame 2 (the first of the second image) head 0
+    got = np.asarray(attention.attention(*map(jnp.asarray, (q, k, v)), seg, "reference"))
+    frame = packed.segment_ids
+    expected = np.zeros(got.shape, bool)
+    expected[frame == frame[3], 1, 5] = expected[frame == frame[30], 0, 0] = True
+    assert np.array_equal(~np.isfinite(got), expected)
+    np.testing.assert_array_equal(got[~expected], clean[~expected])
+    padded = np.asarray(attention.padded_batch(*map(jnp.asarray, (q, k, v)), seg, "xla"))
+    real = frame >= 0
+    assert np.array_equal(~np.isfinite(padded[real]), expected[real])
+
+
 def test_default_implementation(monkeypatch):
     monkeypatch.delenv(attention.ENV_VAR, raising=False)
     assert attention.default_implementation() == "reference"  # CPU

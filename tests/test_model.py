@@ -231,6 +231,21 @@ def test_images_in_one_call_are_independent(loaded):
         start += n
 
 
+def test_a_nan_image_leaves_the_others_in_its_call_exact(loaded):
+    """A caller's pixel rows with a NaN: that image's embeddings are NaN, as HF's are; the images beside it
+    in the same call are what they are alone (the reference attention used to spread it through 0 x NaN)."""
+    cfg, hf, enc, _ = loaded
+    x = pixels_for(GRIDS, cfg)
+    x[3, 7] = np.nan  # a row of the first image
+    together = [np.asarray(o) for o in enc.encode_patches(x, np.array(GRIDS))]
+    n = GRIDS[0][0] * GRIDS[0][1] * GRIDS[0][2]
+    ref = hf_outputs(hf, x[:n], GRIDS[:1])
+    assert np.isnan(together[0]).all() and np.isnan(ref).all()
+    rest = enc.encode_patches(x[n:], np.array(GRIDS[1:]))
+    for got, alone in zip(together[1:], rest, strict=True):
+        np.testing.assert_allclose(got, np.asarray(alone), atol=1e-5 * float(np.abs(alone).max()))
+
+
 def test_bfloat16_close_to_hf(loaded):
     """bf16 weights and activations stay near the fp32 oracle (norms, softmax, rotary in fp32)."""
     cfg, hf, _, model = loaded

@@ -346,20 +346,33 @@ def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, i
 
 
 def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: int = 256) -> jax.Array:
-    """Portable XLA version: fp32 scores and softmax, one block of queries at a time to bound memory."""
+    """Portable XLA version: fp32 scores and softmax, one block of queries at a time to bound memory.
+
+    A non-finite value of v stays in its own segment, as in the kernels and HF's per-frame attention: P.V
+    runs on v with it zeroed (a masked key's probability is 0, and 0 x NaN would reach every query), and the
+    output is NaN where a key of the query's own segment had one.
+    """
     tokens, heads, dim = q.shape
     block = min(block, tokens)
     padded = -(-tokens // block) * block
     qb = jnp.pad(q, ((0, padded - tokens), (0, 0), (0, 0))).reshape(-1, block, heads, dim)
     ib = jnp.pad(ids, (0, padded - tokens), constant_values=-2).reshape(-1, block)
     precision = jax.lax.Precision.HIGHEST
+    bad = ~jnp.isfinite(v)
+    v_finite = jnp.where(bad, 0, v)
 
     def one_block(args: tuple[jax.Array, jax.Array]) -> jax.Array:
         qi, si = args
+        same = si[:, None] == ids[None, :]
         scores = jnp.einsum("qhd,khd->hqk", qi, k, preferred_element_type=jnp.float32, precision=precision)
-        scores = jnp.where((si[:, None] == ids[None, :])[None], scores * dim**-0.5, -1e30)
+        scores = jnp.where(same[None], scores * dim**-0.5, -1e30)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("hqk,khd->qhd", probs, v, preferred_element_type=jnp.float32, precision=precision)
-        return out.astype(q.dtype)
+        out = jnp.einsum("hqk,khd->qhd", probs, v_finite, preferred_element_type=jnp.float32, precision=precision)
+
+        def poison(out: jax.Array) -> jax.Array:
+            hit = jnp.einsum("qk,khd->qhd", same.astype(jnp.float32), bad.astype(jnp.float32)) > 0
+            return jnp.where(hit, jnp.nan, out)
+
+        return jax.lax.cond(bad.any(), poison, lambda out: out, out).astype(q.dtype)
 
     return jax.lax.map(one_block, (qb, ib)).reshape(padded, heads, dim)[:tokens]
