@@ -32,7 +32,7 @@ import vitjax.settings
 from vitjax.cli import main as cli_main
 from vitjax.preprocess import preprocess_video, video_resized_size
 from vitjax.resize import resize_bicubic
-from vitjax.video import Video, VideoInputError, sample_indices
+from vitjax.video import Video, VideoInputError, open_clip, sample_indices
 
 PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
 
@@ -207,6 +207,28 @@ def test_video_file_equals_hf(clip_file, sampling):
         assert ref[1][0, 0] == 3  # 5 frames -> 3 temporal groups, the last frame repeated
 
 
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])
+def test_trimmed_file_equals_hf(clip_file, tmp_path, sampling):
+    """A lossless trim, as `ffmpeg -ss 0.5 -c copy` writes it: the packets before the cut stay behind an edit
+    list, the container counts them, and they decode to no frame. HF samples from the container's count and
+    gets fewer frames; vitjax gives the same rows (it used to fail: "decoded 4 of the 5 frames sampled")."""
+    trimmed = tmp_path / "trimmed.mp4"
+    with av.open(str(clip_file)) as source, av.open(str(trimmed), "w") as out:
+        stream = source.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        shift = int(0.5 / stream.time_base)
+        for packet in source.demux(stream):
+            if packet.dts is not None:  # the flush packet
+                packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+                out.mux(packet)
+    with av.open(str(trimmed)) as container:
+        assert container.streams.video[0].frames == 40 and sum(1 for _ in container.decode(video=0)) < 40
+    proc = hf_processor()
+    hf_fn = functools.partial(proc.sample_frames, num_frames=sampling.get("num_frames"))
+    frames, _ = load_video(str(trimmed), backend="pyav", sample_indices_fn=hf_fn if sampling else proc.sample_frames)
+    assert_same(preprocess_video(trimmed, **sampling), run_hf(frames))
+
+
 def test_container_without_frame_count(tmp_path):
     """WebM does not store a frame count (HF's PyAV reader fails on it); vitjax counts the packets and then
     samples as HF would given the true count and rate."""
@@ -354,6 +376,34 @@ def test_bad_video_costs_only_itself(enc, clip_file, tmp_path):
     assert results[1].decoder == "pil"
     assert isinstance(results[2], VideoInputError) and results[2].name == "<video #2>"
     assert "at least 2 frames" in results[2].reason
+
+
+def test_files_refused_before_decoding_cost_only_themselves(enc, clip_file, tmp_path, monkeypatch):
+    """Frames above PIL's decompression-bomb limit (a 300 KB file of 10240x10240 frames took 12.5 GB to
+    decode) and a stream no decoder reads are named errors from the probe, beside a photo that still encodes."""
+    unknown = tmp_path / "unknown.avi"
+    write_clip(unknown, panned_clip(6, 64, 96), codec="mpeg4")
+    unknown.write_bytes(unknown.read_bytes().replace(b"FMP4", b"ZQZQ"))  # a fourcc FFmpeg has no decoder for
+    photo = tmp_path / "small.png"
+    Image.fromarray(panned_clip(1, 64, 96)[0]).save(photo)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)  # the clip's frames are 256x176, the photo 96x64
+    results = enc.encode([str(clip_file), str(unknown), str(photo)], errors="return")
+    assert isinstance(results[0], VideoInputError) and results[0].name == str(clip_file)
+    assert results[0].reason.startswith("video frame of 256x176 = 45056 pixels exceeds the limit of 10000")
+    assert isinstance(results[1], VideoInputError) and results[1].reason == "no decoder for its video codec"
+    assert results[2].decoder == "pil"
+
+
+def test_arrays_are_sampled_without_copies():
+    """A short clip sampled to many frames yields views of its frames (a 4-frame 540p array sampled to 768
+    frames used to take 1.1 GB before any row was written); its rows are HF's; a rate that overflows clamps."""
+    frames = noise_clip(4, 54, 96)
+    clip = open_clip(Video(frames, num_frames=768))
+    assert clip.count == 768 and all(np.shares_memory(f, frames) for f in clip.frames())
+    meta = [{"total_num_frames": 4, "fps": None}]
+    assert_same(preprocess_video(frames, num_frames=10), run_hf(frames, do_sample_frames=True, fps=None, num_frames=10,
+                                                                video_metadata=meta))  # fmt: skip
+    assert open_clip(Video(frames, fps=1e300, video_fps=1e-10)).count == 4  # HF's int() overflows here
 
 
 def test_num_frames_beyond_max_frames_is_that_videos_error(enc, clip_file):

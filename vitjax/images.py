@@ -177,12 +177,17 @@ def check_size(image: Image.Image) -> None:
 
     PIL itself only warns between 1x and 2x `Image.MAX_IMAGE_PIXELS`; a server must not decode those.
     """
-    if image.width == 0 or image.height == 0:
-        raise ValueError(f"image has no pixels ({image.width}x{image.height})")
+    check_pixels(image.width, image.height)
+
+
+def check_pixels(width: int, height: int, what: str = "image") -> None:
+    """`check_size` for an image (or a video's frames) known by its size."""
+    if width == 0 or height == 0:
+        raise ValueError(f"{what} has no pixels ({width}x{height})")
     limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and image.width * image.height > limit:
+    if limit is not None and width * height > limit:
         raise ValueError(
-            f"{image.width}x{image.height} = {image.width * image.height} pixels exceeds the limit of "
+            f"{what} of {width}x{height} = {width * height} pixels exceeds the limit of "
             f"{limit} (PIL.Image.MAX_IMAGE_PIXELS, a decompression-bomb guard)"
         )
 

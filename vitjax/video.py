@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, is_data_uri, load_image, missing_reason
+from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, check_pixels, is_data_uri, load_image, missing_reason
 
 # Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
@@ -103,8 +103,8 @@ def sample_indices(
         raise ValueError(f"num_frames={num_frames}: at most max_frames={max_frames} frames are sampled")
     if num_frames is None:
         rate = video_fps if video_fps is not None else DEFAULT_VIDEO_FPS
-        num_frames = int(total / rate * (fps if fps is not None else FPS))
-        num_frames = min(max(num_frames, min_frames), max_frames, total)
+        wanted = total / rate * (fps if fps is not None else FPS)  # may overflow to inf: clamped before int()
+        num_frames = min(max(int(min(wanted, max_frames)), min_frames), max_frames, total)
     return np.linspace(0, total - 1, int(num_frames)).round().astype(int)
 
 
@@ -138,32 +138,38 @@ def open_clip(
         if isinstance(source, np.ndarray):
             if source.dtype != np.uint8 or source.ndim != 4 or source.shape[3] != 3 or 0 in source.shape:
                 raise ValueError(f"video array must be uint8 [T, H, W, 3], got {source.dtype} {list(source.shape)}")
-            frames = source[_indices(video, len(source), min_frames, max_frames)] if sampled else source
+            indices = _indices(video, len(source), min_frames, max_frames) if sampled else range(len(source))
+            frames = source
         elif isinstance(source, (str, bytes, bytearray, memoryview)) or not isinstance(source, Sequence):
             raise ValueError(f"unsupported video source {type(source).__name__}: a path, an array or a frame list")
         elif not source:
             raise ValueError("video has no frames")
         else:
             indices = _indices(video, len(source), min_frames, max_frames) if sampled else range(len(source))
-            frames = [np.asarray(load_image(source[i], f"{name} frame {i}")) for i in indices]
-            sizes = {f.shape for f in frames}
+            # each frame sampled decoded once, however often it repeats
+            frames = {i: np.asarray(load_image(source[i], f"{name} frame {i}")) for i in dict.fromkeys(indices)}
+            sizes = {f.shape for f in frames.values()}
             if len(sizes) > 1:
                 shown = ", ".join(f"{w}x{h}" for h, w, _ in sorted(sizes))
                 raise ValueError(f"frames differ in size ({shown}); a video's frames must share one size")
-            frames = np.stack(frames)
     except VideoInputError:
         raise
     except ImageInputError as e:  # one frame of a frame list
         raise VideoInputError(name, str(e)) from e
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
+    height, width = frames[indices[0]].shape[:2]
+
+    def sampled_frames() -> Iterator[np.ndarray]:  # views: a short clip sampled to many frames is not copied
+        return (frames[i] for i in indices)
 
     def digest() -> str:
-        h = hashlib.sha256(f"frames:{'x'.join(map(str, frames.shape))}:".encode())
-        h.update(np.ascontiguousarray(frames).data)
+        h = hashlib.sha256(f"frames:{len(indices)}x{height}x{width}x3:".encode())
+        for frame in sampled_frames():
+            h.update(np.ascontiguousarray(frame).data)
         return h.hexdigest()
 
-    return Clip(len(frames), frames.shape[1], frames.shape[2], lambda: iter(frames), digest)
+    return Clip(len(indices), height, width, sampled_frames, digest)
 
 
 def _indices(video: Video, total: int, min_frames: int, max_frames: int, rate: float | None = None) -> np.ndarray:
@@ -193,18 +199,31 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
             if not container.streams.video:
                 raise VideoInputError(name, "no video stream")
             stream = container.streams.video[0]
+            if stream.codec_context is None:
+                raise VideoInputError(name, "no decoder for its video codec")
             total, rate, size = stream.frames, stream.average_rate or stream.guessed_rate, (stream.height, stream.width)
-            if total == 0:  # the container does not say (WebM, some MKV): count the stream's packets
-                total = sum(1 for packet in container.demux(stream) if packet.size)
+            check_pixels(size[1], size[0], "video frame")
+            # Packets an edit list cuts (a lossless trim) decode to no frame: HF samples from `total` and gets
+            # fewer frames, so the frames beyond the decodable ones are dropped here, before rows are sized.
+            packets = discarded = 0
+            for packet in container.demux(stream):
+                packets += packet.size > 0
+                discarded += packet.size > 0 and packet.is_discard
+            total = total or packets  # the container does not say (WebM, some MKV): its packets
+    except VideoInputError:
+        raise
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
-    if total == 0 or 0 in size:
+    except ValueError as e:  # check_pixels
+        raise VideoInputError(name, str(e)) from e
+    if total <= discarded:
         raise VideoInputError(name, "video stream has no frames")
     try:
         indices = _indices(video, total, min_frames, max_frames, float(rate) if rate else None)
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
-    wanted = sorted(set(indices.tolist()))  # HF's reader keeps a frame once however often it is sampled
+    # HF's reader keeps a frame once however often it is sampled, and only the frames it decodes
+    wanted = sorted({i for i in indices.tolist() if i < total - discarded})
 
     def frames() -> Iterator[np.ndarray]:
         yield from _decode(av, path, name, wanted, size, total)
