@@ -54,7 +54,10 @@ def test_pick_devices():
     assert pick_devices(2) == local[:2]
     assert pick_devices("all") == local
     assert pick_devices([local[3], local[1]]) == [local[3], local[1]]
-    for bad, match in ((0, "asked for 0"), (5, "asked for 5"), ("some", "count, 'all'"), ([local[0]] * 2, "distinct")):
+    assert pick_devices(np.int64(2)) == local[:2]  # any integer counts
+    bad_ones = [(0, "asked for 0"), (5, "asked for 5"), ("some", "count, 'all'"), ([local[0]] * 2, "distinct")]
+    bad_ones.append(([0, 1], r"devices must be distinct JAX devices, at least one, got \[0, 1\]"))
+    for bad, match in bad_ones:
         with pytest.raises(ValueError, match=match):
             pick_devices(bad)
 
@@ -155,11 +158,32 @@ def test_sequence_parallel_refuses_what_cannot_split(params):
         vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=3)
     with pytest.raises(ValueError, match="sequence_parallel=4 does not divide the tower's 2 heads"):
         vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=4)
-    enc = vitjax.Encoder.from_params(
-        CFG, params, dtype="float32", devices=2, sequence_parallel=2, buckets=BucketPolicy(tokens=(68,))
-    )
-    with pytest.raises(ValueError, match="68 tokens does not split over 2 devices in whole 2x2 merge groups"):
-        enc.encode_patches(pixels_for([(1, 4, 4)], CFG, seed=0), np.array([(1, 4, 4)]))
+    with pytest.raises(ValueError, match=r"sequence_parallel must be a positive integer, got 2.0"):
+        vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=2.0)
+    # Sizes a group cannot split are refused with the encoder, not by the call that first needs one (a request of
+    # one image past the ladder used to fail whole, errors="return" or not). fit_granule 0: the default is fine.
+    for policy in (BucketPolicy(tokens=(68,), fit_granule=0), BucketPolicy(tokens=(64,), granule=4, fit_granule=0)):
+        with pytest.raises(ValueError, match=r"must be multiples of 8 to split in whole 2x2 merge groups over a "):
+            vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=2, sequence_parallel=2, buckets=policy)
+
+
+def test_pixels_on_several_devices_and_warmup_dtypes(params):
+    """A request's pixels may be a JAX array held by several devices (replicated or split); they are gathered
+    onto the engine's device. A warm-up for integer pixels compiles the float32 program they run in."""
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY)
+    x = pixels_for(GRIDS, CFG, seed=8)
+    ref = [np.asarray(o) for o in enc.encode_patches(x, np.array(GRIDS))]
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("d",))
+    for spec in (jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec("d")):
+        spread = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+        for got, want in zip(enc.encode_patches(spread, np.array(GRIDS)), ref, strict=True):
+            _close(np.asarray(got), want)
+    fresh = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY)
+    fresh.warmup([Bucket(64, 1)], pixel_dtype="uint8")
+    built = fresh.parallel.compiles
+    levels = np.random.default_rng(0).integers(0, 256, (64, CFG.patch_dim), dtype=np.uint8)
+    fresh.encode_patches(levels, np.array([(1, 8, 8)]))
+    assert fresh.parallel.compiles == built == 1
 
 
 def test_cli_devices(checkpoint, tmp_path, capsys):

@@ -228,6 +228,12 @@ class Engine:
         self.policy = policy or BucketPolicy()
         self.devices = list(devices or jax.local_devices()[:1])
         n = len(self.devices)  # `parallel.device_groups` made it divide the heads
+        p = self.policy
+        if any(t % (4 * n) for t in (*p.tokens, p.granule, p.fit_granule)):  # else a call fails once it is sized
+            raise ValueError(
+                f"bucket tokens {p.tokens}, granule {p.granule} and fit_granule {p.fit_granule} must be multiples "
+                f"of {4 * n} to split in whole 2x2 merge groups over a sequence-parallel group of {n} devices"
+            )
         if n == 1:
             self._mesh = None
             self._split = self._whole = jax.sharding.SingleDeviceSharding(self.devices[0])
@@ -370,6 +376,7 @@ class Engine:
         """Compile (or load from the persistent cache) each bucket now, and with `run` execute it once on a
         near-empty call (first executions load kernels and build cuDNN plans); returns seconds per bucket."""
         times = {}
+        pixel_dtype = _pixel_dtype(np.empty(0, pixel_dtype))  # integer pixels run the float32 program
         for b in self.policy.buckets() if buckets is None else buckets:
             b = Bucket(*b)
             start = time.perf_counter()
@@ -394,7 +401,7 @@ class Engine:
             pixel_values = np.asarray(pixel_values)
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
-        elif self.devices[0] not in pixel_values.devices():
+        elif pixel_values.devices() != {self.devices[0]}:  # elsewhere, or spread over several devices
             pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls, wanted = [], []
         row, dtype = first_row, _pixel_dtype(pixel_values)

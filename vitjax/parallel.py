@@ -9,6 +9,7 @@ stays on the (first) device of the engine that computed it.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,19 +29,21 @@ def pick_devices(devices: int | str | Sequence[jax.Device] | None) -> list[jax.D
         if devices != "all":
             raise ValueError(f"devices must be a count, 'all' or a list of devices, not {devices!r}")
         return local
-    if isinstance(devices, int):
+    if isinstance(devices, numbers.Integral):
         if not 1 <= devices <= len(local):
             raise ValueError(f"asked for {devices} devices, but this process has {len(local)}: {local}")
-        return local[:devices]
+        return local[: int(devices)]
     chosen = list(devices)
-    if not chosen or len(set(chosen)) != len(chosen):
-        raise ValueError(f"devices must be distinct and at least one, got {chosen}")
+    if not chosen or len(set(chosen)) != len(chosen) or not all(isinstance(d, jax.Device) for d in chosen):
+        raise ValueError(f"devices must be distinct JAX devices, at least one, got {chosen}")
     return chosen
 
 
 def device_groups(devices: Sequence[jax.Device], sequence_parallel: int, num_heads: int) -> list[list[jax.Device]]:
     """Consecutive groups of `sequence_parallel` devices, one engine each; a group splits the tower's heads."""
-    if sequence_parallel < 1 or len(devices) % sequence_parallel:
+    if not isinstance(sequence_parallel, numbers.Integral) or sequence_parallel < 1:
+        raise ValueError(f"sequence_parallel must be a positive integer, got {sequence_parallel!r}")
+    if len(devices) % sequence_parallel:
         raise ValueError(f"sequence_parallel={sequence_parallel} does not divide the {len(devices)} devices")
     if num_heads % sequence_parallel:
         raise ValueError(f"sequence_parallel={sequence_parallel} does not divide the tower's {num_heads} heads")
