@@ -359,7 +359,7 @@ def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: 
     ib = jnp.pad(ids, (0, padded - tokens), constant_values=-2).reshape(-1, block)
     precision = jax.lax.Precision.HIGHEST
     bad = ~jnp.isfinite(v)
-    v_finite = jnp.where(bad, 0, v)
+    v_finite, any_bad = jnp.where(bad, 0, v), bad.any()
 
     def one_block(args: tuple[jax.Array, jax.Array]) -> jax.Array:
         qi, si = args
@@ -373,6 +373,6 @@ def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: 
             hit = jnp.einsum("qk,khd->qhd", same.astype(jnp.float32), bad.astype(jnp.float32)) > 0
             return jnp.where(hit, jnp.nan, out)
 
-        return jax.lax.cond(bad.any(), poison, lambda out: out, out).astype(q.dtype)
+        return jax.lax.cond(any_bad, poison, lambda out: out, out).astype(q.dtype)
 
     return jax.lax.map(one_block, (qb, ib)).reshape(padded, heads, dim)[:tokens]
