@@ -136,8 +136,9 @@ class DaliRows:
             return rows
 
     def _pipeline(self, batch: int):
-        if self._pipe is None or batch > self._max_batch:
-            self._max_batch = max(batch, 2 * self._max_batch)
+        if batch > self._max_batch:  # grows by doubling; a failed run only rebuilds it at its size
+            self._max_batch, self._pipe = max(batch, 2 * self._max_batch), None
+        if self._pipe is None:
             self._pipe = self._build(self._max_batch)
         return self._pipe
 

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import io
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -113,10 +114,12 @@ class PilDecoder:
 class DaliDecoder:
     """JPEGs that NVIDIA DALI decodes exactly as PIL does go to DALI; everything else to `PilDecoder`.
 
-    DALI gets a JPEG when PIL reads its header as baseline or progressive JPEG in RGB (YCbCr) or greyscale, of
-    at most `PIL.Image.MAX_IMAGE_PIXELS` pixels, ending in the end-of-image marker (so a truncated file goes to
-    PIL, which refuses it by name, rather than being decoded in part). DALI's CPU decode of those equals PIL's
-    bit for bit, EXIF orientation included (tests). PIL keeps CMYK/YCCK JPEGs (Adobe's inverted CMYK), MPO,
+    DALI gets a JPEG when PIL reads its header as JPEG in RGB (YCbCr) or greyscale, of at most
+    `PIL.Image.MAX_IMAGE_PIXELS` pixels, whose markers are all in place up to the end-of-image marker that ends
+    the file (`jpeg_process`: a truncated or corrupt file goes to PIL, which refuses it by name, rather than
+    being decoded in part), of a process DALI decodes as PIL does (baseline, extended, progressive), and with its
+    orientation, if any, as an integer EXIF tag (DALI reads no XMP). DALI's CPU decode of those equals PIL's bit
+    for bit, EXIF orientation included (tests). PIL keeps CMYK/YCCK JPEGs (Adobe's inverted CMYK), MPO,
     every other format (alpha, palettes, 16 bits follow HF's conversions there), PIL images and arrays.
     A DALI item's digest is the file's sha256: its pixels exist only inside DALI.
     """
@@ -149,7 +152,7 @@ class DaliDecoder:
     @staticmethod
     def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         """(height, width) once decoded and upright, for a JPEG that DALI decodes as PIL does; else None."""
-        if not data.endswith(b"\xff\xd9"):
+        if not data.endswith(b"\xff\xd9") or jpeg_process(data) not in DALI_JPEG_PROCESSES:
             return None
         try:
             header = Image.open(io.BytesIO(data))  # reads the header only
@@ -158,8 +161,55 @@ class DaliDecoder:
         if header.format != "JPEG" or header.mode not in ("RGB", "L"):
             return None
         check_size(header)
+        # DALI turns the image by the EXIF tag alone; PIL (and HF) also read XMP's, and ignore a tag of another type
         orientation = header.getexif().get(ExifTags.Base.Orientation, 1)
+        exif = Image.Exif()
+        if "exif" in header.info:
+            exif.load(header.info["exif"])
+        if not isinstance(orientation, int) or orientation != exif.get(ExifTags.Base.Orientation, 1):
+            return None
         return (header.width, header.height) if orientation in (5, 6, 7, 8) else (header.height, header.width)
+
+
+# Start-of-frame markers DALI decodes as PIL does: baseline, extended and progressive, Huffman or arithmetic coded
+# (not lossless, hierarchical or 12-bit lossless: DALI refuses or differs; PIL decodes them).
+DALI_JPEG_PROCESSES = frozenset({0xC0, 0xC1, 0xC2, 0xC9, 0xCA})
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0-15 (C4: DHT, C8: reserved, CC: DAC)
+_JPEG_SEGMENTS = _JPEG_FRAMES | {0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)}
+_SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # a marker: not a stuffed 0xFF, a restart or fill
+
+
+def jpeg_process(data: bytes) -> int | None:
+    """The start-of-frame marker of a JPEG whose markers are all in place from SOI to EOI, else None.
+
+    DALI decodes a file with a stray marker in its scan data into garbage without an error, where PIL (and HF)
+    refuse it; such files go to PIL. Segments are skipped by their lengths, scan data up to its next marker.
+    """
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    process, i = None, 2
+    while i + 2 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0xD9:
+            return process if i + 2 == len(data) else None
+        if marker != 0xDA and marker not in _JPEG_SEGMENTS or i + 4 > len(data):
+            return None
+        if marker in _JPEG_FRAMES:
+            if process is not None:  # one frame a file (hierarchical files, which have more, go to PIL too)
+                return None
+            process = marker
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker == 0xDA:
+            scan_end = _SCAN_END.search(data, i)
+            if scan_end is None:
+                return None
+            i = scan_end.start()
+    return None
 
 
 class VideoDecoder:
