@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="encode images and videos with the Qwen3-VL vision tower into a safetensors file",
         description="Encode images and videos with the Qwen3-VL vision tower into a safetensors file. Videos "
         "(files with a video extension, also in folders) are sampled and resized as HF's Qwen3VLVideoProcessor "
-        "does; their grid_thw has t > 1.",
+        "does; their grid_thw has t = one per pair of sampled frames.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

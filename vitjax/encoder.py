@@ -213,8 +213,8 @@ class Encoder:
         Videos are `vitjax.Video(...)` inputs (a file, a uint8 array [T, H, W, 3] or a frame list, with its own
         sampling) and paths with a video extension (also inside folders), sampled at `fps` or to `num_frames`
         (default: 2 frames per second, as HF); they are preprocessed as HF's `Qwen3VLVideoProcessor` does within
-        `video_min_pixels` / `video_max_pixels` (`vitjax.preprocess.preprocess_video`) and come back with grid
-        t > 1 (decoder "video"). Their cache keys include the sampling and the pixel bounds.
+        `video_min_pixels` / `video_max_pixels` (`vitjax.preprocess.preprocess_video`) and come back with grid t =
+        one per pair of sampled frames (decoder "video"). Their cache keys include the sampling and the pixel bounds.
 
         A driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads a bounded window
         ahead, looked up in the cache, and the misses' rows written straight into the buffer of the next tower

@@ -13,7 +13,7 @@ on a GPU, its CPU backend elsewhere) and writes rows PIL did not make: the JPEGs
 (RGB or greyscale, complete, any EXIF orientation); everything else it routes to PIL, whose pixels then only pass
 through DALI. An item's `decoder` says which backend made its pixels, and is part of its cache key.
 Videos (a `vitjax.Video`, or a path with a video extension) go to `VideoDecoder` whatever the backend: HF's video
-processor, exact, on the CPU; their rows are always written into a host buffer, with grid t > 1.
+processor, exact, on the CPU; their rows are always written into a host buffer (grid t: one per pair of frames).
 """
 
 from __future__ import annotations
