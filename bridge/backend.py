@@ -78,6 +78,27 @@ def warmup_buckets(policy: BucketPolicy, environ: Mapping[str, str] | None = Non
     return [b for b in policy.buckets() if b.tokens in sizes]
 
 
+def check_attention(environ: Mapping[str, str]) -> None:
+    """`VITJAX_ATTENTION`, if set, names an attention path this process can run (the tower reads it at load)."""
+    from vitjax.attention import ENV_VAR, check_implementation
+
+    if value := environ.get(ENV_VAR):
+        try:
+            check_implementation(value)
+        except ValueError as e:
+            raise ValueError(f"{ENV_VAR}={value!r}: {e}") from None
+
+
+def check_trace(environ: Mapping[str, str]) -> None:
+    """`VITJAX_TRACE`, if set, is a file the tower can append to (it is created here if missing)."""
+    if path := environ.get(TRACE_ENV):
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            raise ValueError(f"{TRACE_ENV}={path!r}: cannot append to it ({e.strerror or e})") from None
+
+
 def current() -> str:
     """The backend this process was launched with ("torch", SGLang's own tower, when unset)."""
     value = os.environ.get(BACKEND_ENV, "torch")
@@ -104,5 +125,7 @@ def configure(backend: str, environ: dict[str, str] | None = None) -> dict[str, 
             raise ValueError(f"{name} is already set to {env[name]!r}; the jax backend needs {needed!r}")
     if backend == "jax":  # the tower reads these after SGLang has loaded the language model: check them now
         warmup_buckets(bucket_policy(env), env)
+        check_attention(env)
+        check_trace(env)
     env.update(wanted)
     return wanted

@@ -52,12 +52,19 @@ def model_architectures(model: str) -> list[str]:
     """`architectures` of a model directory's config.json (or, for a hub id, transformers' AutoConfig)."""
     config = Path(model) / "config.json"
     if config.is_file():
-        return list(json.loads(config.read_text()).get("architectures") or [])
+        try:
+            found = json.loads(config.read_text())
+        except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UsageError(f"{config}: not a readable JSON config ({e})") from None
+        return list((found.get("architectures") if isinstance(found, dict) else None) or [])
     if Path(model).exists():
         raise UsageError(f"{model}: no config.json there")
     from transformers import AutoConfig
 
-    return list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
+    try:
+        return list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
+    except (OSError, ValueError) as e:  # not a folder here, and not a model transformers can find
+        raise UsageError(f"--model-path {model}: {str(e).splitlines()[0]}") from None
 
 
 def with_config_file(argv: list[str]) -> list[str]:

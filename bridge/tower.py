@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 
 import jax
@@ -150,8 +151,11 @@ class JaxVisionTower(nn.Module):
             features = dlpack.to_torch(out)
             if trace := os.environ.get(backend.TRACE_ENV):
                 record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
-                with open(trace, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                try:
+                    with open(trace, "a") as f:
+                        f.write(json.dumps(record) + "\n")
+                except OSError as e:  # a full disk or a removed folder costs the trace, never the request
+                    warnings.warn(f"{backend.TRACE_ENV}={trace!r}: not written ({e.strerror or e})", stacklevel=2)
             return features if features.device == self.device else features.to(self.device)
 
     def _on_device(self) -> contextlib.AbstractContextManager:

@@ -152,6 +152,14 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(UsageError, match=r"\['LlamaForCausalLM'\] is not Qwen3-VL; --mm-encoder-backend jax serves"):
         prepare(["--mm-encoder-backend", "jax", "--model-path", str(other)])
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(UsageError, match=rf"^{broken / 'config.json'}: not a readable JSON config \(Expecting"):
+        prepare(["--model-path", str(broken)])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match=r"^--model-path no-such-org/no-such-model: "):
+        prepare(["--model-path", "no-such-org/no-such-model"])
     monkeypatch.setenv(backend.FIT_GRANULE_ENV, "6")  # read only after the language model loads: checked here
     with pytest.raises(UsageError, match=r"VITJAX_FIT_GRANULE='6': expected 0 \(off\) or a multiple of 4 tokens"):
         prepare(["--model-path", str(dense)])

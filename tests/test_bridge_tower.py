@@ -122,6 +122,9 @@ def test_serving_settings_are_read_from_the_environment_and_refused_by_name(monk
         ({backend.FIT_GRANULE_ENV: "6"}, r"VITJAX_FIT_GRANULE='6'"),
         ({backend.WARMUP_ENV: "500"}, r"VITJAX_WARMUP='500': expected all, none or bucket sizes from \(512, 1024"),
         ({backend.WARMUP_ENV: "big"}, r"VITJAX_WARMUP='big'"),
+        # read by the tower once SGLang has loaded the language model, or at its first image: checked up front
+        ({"VITJAX_ATTENTION": "bogus"}, r"VITJAX_ATTENTION='bogus': unknown attention implementation 'bogus'"),
+        ({backend.TRACE_ENV: "/no/such/dir/t.jsonl"}, r"VITJAX_TRACE='/no/such/dir/t.jsonl': cannot append to it"),
     ]
     for env, message in bad:
         with pytest.raises(ValueError, match=message):
@@ -139,6 +142,20 @@ def test_serving_settings_are_read_from_the_environment_and_refused_by_name(monk
     assert engine.policy.fit_granule == 0 and engine.compiles == 0
     tower.warmup_for_serving()
     assert engine.compiles == 1 and [k[0] for k in engine._executables] == [Bucket(512, 1)]  # noqa: SLF001
+
+
+def test_a_trace_that_cannot_be_written_costs_only_the_trace(tiny, tmp_path, monkeypatch):
+    """`VITJAX_TRACE` gets one line a call; when it cannot be written (a removed folder, a full disk) the call
+    still returns its features, with a warning (it used to raise out of the tower and end SGLang's scheduler)."""
+    cfg, _, path = tiny
+    tower = bridge.JaxVisionTower(vitjax.Encoder.from_pretrained(path, dtype="float32"))
+    pixels, grids = torch.from_numpy(pixels_for(GRIDS[:1], cfg)), torch.tensor(GRIDS[:1])
+    monkeypatch.setenv(backend.TRACE_ENV, str(tmp_path / "trace.jsonl"))
+    expected = tower(pixels, grids)
+    assert (tmp_path / "trace.jsonl").read_text().count("\n") == 1
+    monkeypatch.setenv(backend.TRACE_ENV, str(tmp_path / "gone" / "trace.jsonl"))
+    with pytest.warns(UserWarning, match=r"VITJAX_TRACE='.*gone/trace.jsonl': not written \(No such file"):
+        assert torch.equal(tower(pixels, grids), expected)
 
 
 def test_dlpack_shares_memory_both_ways():
