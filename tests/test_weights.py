@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import GRIDS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, hf_vision_model, pixels_for
+from conftest import GRIDS, PHOTOS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, hf_vision_model, pixels_for
 from safetensors.torch import load_file, save_file
 
 import vitjax
@@ -97,8 +97,9 @@ def _corrupt(tiny, tmp_path, edit):
     return tmp_path
 
 
-def test_missing_tensor_is_named(tiny, tmp_path):
+def test_missing_tensor_is_named(tiny, tmp_path, monkeypatch):
     path = _corrupt(tiny, tmp_path, lambda t: t.pop("model.visual.blocks.1.mlp.linear_fc2.bias"))
+    monkeypatch.setattr(weights._Assembler, "add", lambda *_: pytest.fail("a tensor was read first"))  # noqa: SLF001
     with pytest.raises(
         weights.CheckpointError, match=r"1 vision tensors missing: model\.visual\.blocks\.1\.mlp\.linear_fc2\.bias"
     ):
@@ -122,11 +123,38 @@ def test_misshaped_tensor_is_named(tiny, tmp_path):
         vitjax.Encoder.from_pretrained(path)
 
 
-def test_non_float_tensor_is_named(tiny, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float8_e4m3fn])
+def test_non_float_tensor_is_named(tiny, tmp_path, dtype):
+    """Integer and FP8 tensors (FP8 checkpoints of the tower exist; numpy cannot even read them) before reading."""
     key = "model.visual.blocks.0.attn.qkv.weight"
-    path = _corrupt(tiny, tmp_path, lambda t: t.update({key: (t[key] * 100).to(torch.int32)}))
-    with pytest.raises(weights.CheckpointError, match=rf"tensor {key} has dtype int32, expected a floating-point"):
+    path = _corrupt(tiny, tmp_path, lambda t: t.update({key: (t[key] * 100).to(dtype)}))
+    stored = {torch.int32: "I32", torch.float8_e4m3fn: "F8_E4M3"}[dtype]
+    with pytest.raises(weights.CheckpointError, match=rf"tensor {key} has dtype {stored}, expected one of \('F16'"):
         vitjax.Encoder.from_pretrained(path)
+
+
+def test_blocks_stored_in_several_dtypes_keep_each_value(tiny, tmp_path):
+    """One block's tensor in bf16, the rest fp32: HF keeps every fp32 value; the stacked leaf used to take the
+    first block's bf16 and round all the others (5.5e-4 off HF in fp32)."""
+    cfg, hf, _ = tiny
+    key = "model.visual.blocks.0.norm1.weight"
+    path = _corrupt(tiny, tmp_path, lambda t: t.update({key: t[key].to(torch.bfloat16)}))
+    x, got = _encode(vitjax.Encoder.from_pretrained(path, dtype="float32"), cfg)
+    with torch.no_grad():
+        hf.blocks[0].norm1.weight.copy_(hf.blocks[0].norm1.weight.to(torch.bfloat16).float())
+    assert_close_to_scale(got, hf_outputs(hf, x, GRIDS))
+
+
+def test_unreadable_index_is_named(tmp_path, capsys):
+    cfg = TINY["hd64"]
+    hf_vision_model(cfg).save_pretrained(tmp_path, max_shard_size="100KB")
+    index = tmp_path / weights.INDEX_FILE
+    index.write_text("{not json")
+    with pytest.raises(weights.CheckpointError, match=rf"^{index}: not a readable index \(Expecting property"):
+        vitjax.Encoder.from_pretrained(tmp_path)
+    out = tmp_path / "out.safetensors"
+    assert cli_main(["encode", str(PHOTOS[0]), "--model", str(tmp_path), "-o", str(out)]) == 2
+    assert f"{index}: not a readable index" in capsys.readouterr().err and not out.exists()
 
 
 def test_unreadable_file_is_named(tiny, tmp_path):

@@ -26,6 +26,8 @@ PREFIXES = ("model.visual.", "visual.")
 # Tensors under these prefixes are a vision tower of another model family: refuse rather than misload.
 FOREIGN_PREFIXES = ("thinker.visual.", "visual.merger.ln_q", "model.visual.merger.ln_q")
 BUFFERS = ("rotary_pos_emb.inv_freq", "rotary_pos_emb.original_inv_freq")
+# The floating-point dtypes of the safetensors format numpy reads (FP8 ones it cannot).
+SAFETENSORS_FLOATS = ("F16", "BF16", "F32", "F64")
 INDEX_FILE = "model.safetensors.index.json"
 ORBAX_PARAMS = "params"
 
@@ -115,7 +117,10 @@ def _checkpoint_files(path: Path) -> list[Path]:
         return [path]
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map_ = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map_ = json.loads(index.read_text()).get("weight_map", {})
+        except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
+            raise CheckpointError(f"{index}: not a readable index ({e})") from None
         # A vision-only checkpoint has bare names: then every shard is the tower's.
         names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)} or set(weight_map_.values()))
         missing = [n for n in names if not (path / n).is_file()]
@@ -178,14 +183,19 @@ class _Assembler:
             raise CheckpointError(f"{where}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
         value = read()
         _check_dtype(where, key, value.dtype)
-        _place(self.params, target, _transform(value, target.kind), self.cfg)
+        _place(self.params, target, _transform(value, target.kind), self.cfg, promote=not self.update)
         self.seen.add(name)
 
-    def finish(self, where: str) -> Params:
-        missing = [] if self.update else [k for k in self.table if k not in self.seen]
+    def check_complete(self, where: str, names: Iterable[str]) -> None:
+        """Every tensor of the tower is among `names` (an update may carry any of them)."""
+        names = set(names)
+        missing = [] if self.update else [k for k in self.table if k not in names]
         if missing:
             shown = ", ".join(self.prefix + k for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
             raise CheckpointError(f"{where}: {len(missing)} vision tensors missing: {shown}")
+
+    def finish(self, where: str) -> Params:
+        self.check_complete(where, self.seen)
         return self.params
 
 
@@ -200,12 +210,17 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
     if not entries:
         raise CheckpointError(f"{path}: no vision tower tensors ({' or '.join(p + '*' for p in PREFIXES)})")
     assembler = _Assembler(cfg, entries[0][1][: len(entries[0][1]) - len(entries[0][2])])
+    assembler.check_complete(str(path), (name for _, _, name in entries))  # before any tensor is read
     open_files: dict[Path, Any] = {}
     try:
         for file, key, name in tqdm(entries, desc="loading vision tower", disable=not progress, unit="tensor"):
             f = open_files.get(file) or open_files.setdefault(file, safe_open(file, framework="numpy"))
-            shape = tuple(f.get_slice(key).get_shape())
-            assembler.add(str(file), name, shape, lambda f=f, key=key: f.get_tensor(key))
+            tensor = f.get_slice(key)
+            if name not in BUFFERS and tensor.get_dtype() not in SAFETENSORS_FLOATS:  # FP8 would not even read
+                raise CheckpointError(
+                    f"{file}: tensor {key} has dtype {tensor.get_dtype()}, expected one of {SAFETENSORS_FLOATS}"
+                )
+            assembler.add(str(file), name, tuple(tensor.get_shape()), lambda f=f, key=key: f.get_tensor(key))
     finally:
         open_files.clear()
     return assembler.finish(str(path))
@@ -230,8 +245,9 @@ def from_named_arrays(
     return assembler.finish(where)
 
 
-def _place(params: Params, target: Target, value: np.ndarray, cfg: VisionConfig) -> None:
-    """Store one tensor, allocating stacked arrays on first use."""
+def _place(params: Params, target: Target, value: np.ndarray, cfg: VisionConfig, promote: bool) -> None:
+    """Store one tensor, allocating stacked arrays on first use. With `promote`, a stacked array takes the widest
+    dtype of its blocks (HF keeps each tensor's own); an update is written in the dtype of the weights it changes."""
     node = params
     for part in target.path[:-1]:
         node = node.setdefault(part, {})
@@ -241,6 +257,8 @@ def _place(params: Params, target: Target, value: np.ndarray, cfg: VisionConfig)
         return
     if leaf not in node:
         node[leaf] = np.empty(_leaf_shape(target, cfg), value.dtype)
+    if promote and (wider := jnp.promote_types(node[leaf].dtype, value.dtype)) != node[leaf].dtype:
+        node[leaf] = node[leaf].astype(wider)
     node[leaf][target.index] = value
 
 
