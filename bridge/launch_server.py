@@ -97,8 +97,10 @@ def gpu_past_the_first(argv: list[str]) -> str | None:
             args, _ = parser.parse_known_args(argv)
     except SystemExit:  # arguments SGLang will refuse itself, in its own words
         return None
-    sizes = {"--tp-size": args.tp_size, "--pp-size": args.pp_size, "--dp-size": args.dp_size}
-    if args.tp_size * args.pp_size * args.dp_size > max(args.nnodes, 1):
+    # With attention DP (`--enable-dp-attention`) the dp ranks share the tp group's GPUs; else each is a replica.
+    replicas = 1 if getattr(args, "enable_dp_attention", False) else args.dp_size
+    sizes = {"--tp-size": args.tp_size, "--pp-size": args.pp_size, "--dp-size": replicas}
+    if args.tp_size * args.pp_size * replicas > max(args.nnodes, 1):
         return " ".join(f"{flag} {size}" for flag, size in sizes.items() if size > 1)
     return f"--base-gpu-id {args.base_gpu_id}" if args.base_gpu_id > 0 else None
 

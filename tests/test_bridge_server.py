@@ -182,6 +182,9 @@ def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(dense, monk
     assert gpu_past_the_first([*model, "--tp", "2", "--dp-size", "2"]) == "--tp-size 2 --dp-size 2"
     assert gpu_past_the_first([*model, "--base-gpu-id", "3"]) == "--base-gpu-id 3"
     assert gpu_past_the_first([*model, "--tp-size", "2", "--nnodes", "2"]) is None  # one GPU a node
+    # attention DP: the dp ranks run inside the tp group, on its GPUs
+    assert gpu_past_the_first([*model, "--tp", "2", "--dp", "2", "--enable-dp-attention", "--nnodes", "2"]) is None
+    assert gpu_past_the_first([*model, "--tp", "2", "--dp", "2", "--enable-dp-attention"]) == "--tp-size 2"
     assert gpu_past_the_first(model) is None
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")  # the user's choice: JAX preallocates half
     with pytest.raises(UsageError, match=r"^--tp-size 2 runs towers on GPUs past the first.*PREALLOCATE=false$"):

@@ -149,6 +149,10 @@ def test_unreadable_index_is_named(tmp_path, capsys):
     cfg = TINY["hd64"]
     hf_vision_model(cfg).save_pretrained(tmp_path, max_shard_size="100KB")
     index = tmp_path / weights.INDEX_FILE
+    for damaged in ('{"weight_map": null}', '{"weight_map": {"model.visual.x": 3}}'):
+        index.write_text(damaged)
+        with pytest.raises(weights.CheckpointError, match=rf"^{index}: not a readable index \(weight_map must map"):
+            vitjax.Encoder.from_pretrained(tmp_path)
     index.write_text("{not json")
     with pytest.raises(weights.CheckpointError, match=rf"^{index}: not a readable index \(Expecting property"):
         vitjax.Encoder.from_pretrained(tmp_path)

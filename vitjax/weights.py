@@ -121,6 +121,8 @@ def _checkpoint_files(path: Path) -> list[Path]:
             weight_map_ = json.loads(index.read_text()).get("weight_map", {})
         except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
             raise CheckpointError(f"{index}: not a readable index ({e})") from None
+        if not isinstance(weight_map_, dict) or not all(isinstance(f, str) for f in weight_map_.values()):
+            raise CheckpointError(f"{index}: not a readable index (weight_map must map tensor names to file names)")
         # A vision-only checkpoint has bare names: then every shard is the tower's.
         names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)} or set(weight_map_.values()))
         missing = [n for n in names if not (path / n).is_file()]
