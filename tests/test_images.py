@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from conftest import TINY
 from PIL import Image, ImageFile
 
+import vitjax
 from vitjax.images import ImageInputError, expand_inputs, load_image
 
 PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
@@ -114,6 +117,24 @@ def test_a_bad_item_costs_only_itself(tmp_path):
 
 def test_single_input_is_accepted():
     assert expand_inputs(PHOTO) == [(str(PHOTO), PHOTO)]
+    # Only lists, tuples and iterators hold several inputs: a tensor or a file object is one input (its rows or
+    # lines used to become dozens of inputs, each an error), refused by name when loaded.
+    tensor, stream = torch.zeros(40, 60, 3, dtype=torch.uint8), io.BytesIO(PHOTO.read_bytes())
+    assert expand_inputs(tensor) == [("<Tensor #0>", tensor)] and expand_inputs(stream) == [("<BytesIO #0>", stream)]
+    assert [n for n, _ in expand_inputs(p for p in [PHOTO, PHOTO])] == [str(PHOTO)] * 2
+    expect_error(stream, "unsupported input type BytesIO", name="<BytesIO #0>")
+
+
+def test_one_lazy_pil_image_twice_in_a_request():
+    """The same lazily opened PIL image, several times in one request: PIL's load() is not thread-safe, and the
+    copies, prepared in parallel, came back as false "corrupt" errors or as wrong pixels without an error."""
+    enc = vitjax.Encoder.random(TINY["hd64"], dtype="float32", cache_bytes=0)
+    png = io.BytesIO()
+    Image.open(PHOTO).convert("RGB").resize((96, 64)).save(png, "PNG")
+    (alone,) = enc.encode([Image.open(io.BytesIO(png.getvalue()))])
+    for _ in range(10):
+        results = enc.encode([Image.open(io.BytesIO(png.getvalue()))] * 4, errors="return")
+        assert {getattr(r, "sha256", r) for r in results} == {alone.sha256}
 
 
 # --- load_image: what comes out ----------------------------------------------------------------------------
@@ -215,6 +236,16 @@ def test_decompression_bomb_is_refused_without_decoding(tmp_path, monkeypatch):
 
 
 def test_bad_data_uris():
+    jpeg = base64.b64encode(PHOTO.read_bytes()).decode()
+    for header in ("data:image/jpeg;BASE64,", "data:image/jpeg; base64,"):  # HF reads these too
+        assert np.array_equal(np.asarray(load_image(header + jpeg)), np.asarray(load_image(PHOTO)))
+    # A raw base64 string (HF's load_image decodes it) is no path: named short, with what to pass instead.
+    error = expect_error(
+        jpeg,
+        "^<str #0, .* characters>: not a path; an encoded image in a string is a data URI",
+        name=f"<str #0, {len(jpeg)} characters>",
+    )
+    assert len(str(error)) < 200
     expect_error("data:image/png;base64", "malformed data URI", name="<data URI #0>")
     expect_error("data:image/png,aGVsbG8=", "malformed data URI", name="<data URI #0>")
     expect_error("data:image/png;base64,***not base64***", "not valid base64", name="<data URI #0>")

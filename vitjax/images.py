@@ -12,7 +12,8 @@ import base64
 import binascii
 import io
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,10 @@ VIDEO_EXTENSIONS = frozenset(
     {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
 )
 _EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
+# Linux's PATH_MAX: a longer string is no path (a raw base64 image, say), and is not printed whole in errors.
+MAX_PATH_CHARS = 4096
+# Held while a caller's lazily opened PIL image reads its file (only those; decoded inputs never wait).
+_LAZY_LOAD_LOCK = threading.Lock()
 
 ImageSource = str | os.PathLike | bytes | bytearray | memoryview | Image.Image | np.ndarray
 
@@ -50,6 +55,8 @@ def input_name(source: object, index: int = 0) -> str:
     """How errors name an input: a path names itself, anything else its kind and position among the inputs."""
     if is_data_uri(source):
         return f"<data URI #{index}>"
+    if isinstance(source, str) and len(source) > MAX_PATH_CHARS:
+        return f"<str #{index}, {len(source)} characters>"
     if isinstance(source, (str, os.PathLike)):
         return os.fspath(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -92,7 +99,10 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
     """
     from vitjax.video import Video, video_name  # imported here: vitjax.video builds on this module
 
-    items = [inputs] if _is_single(inputs) or isinstance(inputs, Video) else list(inputs)
+    # Lists, tuples and iterators (generators) hold inputs; anything else is one input (a tensor or a file object
+    # is not split into its rows or lines: it is one input, refused by name if it is of no kind vitjax reads).
+    many = isinstance(inputs, (list, tuple)) or isinstance(inputs, Iterator) and not isinstance(inputs, io.IOBase)
+    items = list(inputs) if many and not _is_single(inputs) else [inputs]
     pairs: list[tuple[str, object]] = []
     for index, source in enumerate(items):
         if isinstance(source, Video):
@@ -110,7 +120,7 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
 
 def _data_uri_bytes(uri: str) -> bytes:
     header, sep, payload = uri.partition(",")
-    if not sep or not header.endswith(";base64"):
+    if not sep or not header.replace(" ", "").lower().endswith(";base64"):  # as HF reads the flag
         raise ValueError("malformed data URI: expected 'data:<mime type>;base64,<payload>'")
     try:  # whitespace is dropped first: MIME base64 breaks lines every 76 characters, and HF reads it
         return base64.b64decode("".join(payload.split()), validate=True)
@@ -286,13 +296,19 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
             image = _from_array(source)
         elif isinstance(source, Image.Image):
             check_size(source)
-            image = _loaded(source)
+            if getattr(source, "fp", None) is None:  # decoded already
+                image = source
+            else:  # still reading its file: PIL's load() is not thread-safe, and a request may hold it twice
+                with _LAZY_LOAD_LOCK:
+                    image = _loaded(source)
         elif isinstance(source, (bytes, bytearray, memoryview)):
             image = _decode(bytes(source))
         elif is_data_uri(source):
             image = _decode(_data_uri_bytes(source))
         elif isinstance(source, str) and source.startswith(("http://", "https://")):
             raise ValueError("URLs are not fetched; download the image and pass its bytes or path")
+        elif isinstance(source, str) and len(source) > MAX_PATH_CHARS:
+            raise ValueError("not a path; an encoded image in a string is a data URI: data:image/<type>;base64,...")
         elif isinstance(source, (str, os.PathLike)):
             image = _decode(_read_path(Path(source)))
         else:
