@@ -377,3 +377,24 @@ def test_compilation_cache_directory(monkeypatch, tmp_path):
     finally:
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+def test_a_bucket_needed_by_several_threads_at_once_compiles_once():
+    """Requests arriving together on a cold encoder (no warm-up) that need one bucket: one compile, the others wait
+    for it (each used to compile its own, a second or more apiece on a GPU)."""
+    enc = _random_encoder()
+    grids = [[(1, 4, 4)], [(1, 4, 6)], [(1, 6, 6)], [(1, 2, 8)]]  # 16-36 tokens: all in the 64-token bucket
+    start = threading.Barrier(len(grids))
+
+    def encode(grid):
+        x = pixels_for(grid, CFG, seed=1)
+        start.wait()
+        return np.asarray(enc.encode_patches(x, np.array(grid))[0])
+
+    with ThreadPoolExecutor(len(grids)) as pool:
+        together = list(pool.map(encode, grids))
+    assert enc.parallel.compiles == 1
+    for grid, got in zip(grids, together, strict=True):
+        np.testing.assert_array_equal(
+            got, np.asarray(enc.encode_patches(pixels_for(grid, CFG, seed=1), np.array(grid))[0])
+        )

@@ -249,7 +249,8 @@ class Engine:
         self._fitting: dict[tuple, concurrent.futures.Future] = {}  # fitted keys being compiled
         self._fitted: collections.OrderedDict[tuple, None] = collections.OrderedDict()  # in `_executables`, LRU
         self._unfit: set[tuple] = set()  # fitted keys that failed to compile: their calls stay on the ladder
-        self._fit_lock = threading.Lock()  # over the four tables above
+        self._building: dict[tuple, concurrent.futures.Future] = {}  # keys a caller is compiling in `executable`
+        self._fit_lock = threading.Lock()  # over the five tables above and `_executables`
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
@@ -278,12 +279,34 @@ class Engine:
         return math.gcd(tokens // n, MAX_CHUNK_ROWS)
 
     def executable(self, bucket: Bucket, pixel_dtype: np.dtype = np.float32, max_length: int = 0):
-        """The compiled program of a bucket, built on first use."""
+        """The compiled program of a bucket, built on first use, once: calls that need it meanwhile (other threads'
+        requests, a warm-up beside serving) wait for that compile instead of each running their own."""
         key = (Bucket(*bucket), np.dtype(pixel_dtype), max_length)
-        compiled = self._executables.get(key)
-        if compiled is None:
-            compiled = self._executables[key] = self._compile(*key)
+        with self._fit_lock:
+            compiled = self._executables.get(key)
+            if compiled is not None:
+                return compiled
+            building = self._building.get(key)
+            if building is None:
+                building = self._building[key] = concurrent.futures.Future()
+                building.set_running_or_notify_cancel()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return building.result()
+        try:
+            compiled = self._compile(*key)
+        except BaseException as e:  # the waiting calls get the same error; the next call tries again
+            with self._fit_lock:
+                del self._building[key]
+            building.set_exception(e)
+            raise
+        with self._fit_lock:
+            self._executables[key] = compiled
             self.compiles += 1
+            del self._building[key]
+        building.set_result(compiled)
         return compiled
 
     def _compile(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
