@@ -42,10 +42,6 @@ class ImageInputError(ValueError):
         self.reason = reason
 
 
-def _is_single(inputs: object) -> bool:
-    return isinstance(inputs, (str, os.PathLike, bytes, bytearray, memoryview, Image.Image, np.ndarray))
-
-
 def is_data_uri(source: object) -> bool:
     """A `data:` URI is a str; a path (a `Path`) whose name starts with "data:" is a file."""
     return isinstance(source, str) and source.startswith("data:")
@@ -102,7 +98,7 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
     # Lists, tuples and iterators (generators) hold inputs; anything else is one input (a tensor or a file object
     # is not split into its rows or lines: it is one input, refused by name if it is of no kind vitjax reads).
     many = isinstance(inputs, (list, tuple)) or isinstance(inputs, Iterator) and not isinstance(inputs, io.IOBase)
-    items = list(inputs) if many and not _is_single(inputs) else [inputs]
+    items = list(inputs) if many else [inputs]
     pairs: list[tuple[str, object]] = []
     for index, source in enumerate(items):
         if isinstance(source, Video):
