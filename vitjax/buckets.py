@@ -283,17 +283,11 @@ class Engine:
         requests, a warm-up beside serving) wait for that compile instead of each running their own."""
         key = (Bucket(*bucket), np.dtype(pixel_dtype), max_length)
         with self._fit_lock:
-            compiled = self._executables.get(key)
-            if compiled is not None:
+            if (compiled := self._executables.get(key)) is not None:
                 return compiled
-            building = self._building.get(key)
-            if building is None:
-                building = self._building[key] = concurrent.futures.Future()
-                building.set_running_or_notify_cancel()
-                mine = True
-            else:
-                mine = False
-        if not mine:
+            waiting = key in self._building
+            building = self._building.setdefault(key, concurrent.futures.Future())
+        if waiting:
             return building.result()
         try:
             compiled = self._compile(*key)

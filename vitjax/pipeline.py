@@ -152,7 +152,7 @@ class DaliDecoder:
     @staticmethod
     def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         """(height, width) once decoded and upright, for a JPEG that DALI decodes as PIL does; else None."""
-        if not data.endswith(b"\xff\xd9") or jpeg_process(data) not in DALI_JPEG_PROCESSES:
+        if jpeg_process(data) not in DALI_JPEG_PROCESSES:  # None too: not a JPEG, or not a whole one
             return None
         try:
             header = Image.open(io.BytesIO(data))  # reads the header only
@@ -175,7 +175,7 @@ class DaliDecoder:
 # (not lossless, hierarchical or 12-bit lossless: DALI refuses or differs; PIL decodes them).
 DALI_JPEG_PROCESSES = frozenset({0xC0, 0xC1, 0xC2, 0xC9, 0xCA})
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0-15 (C4: DHT, C8: reserved, CC: DAC)
-_JPEG_SEGMENTS = _JPEG_FRAMES | {0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)}
+_JPEG_SEGMENTS = _JPEG_FRAMES | {0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)}
 _SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # a marker: not a stuffed 0xFF, a restart or fill
 
 
@@ -197,7 +197,7 @@ def jpeg_process(data: bytes) -> int | None:
             continue
         if marker == 0xD9:
             return process if i + 2 == len(data) else None
-        if marker != 0xDA and marker not in _JPEG_SEGMENTS or i + 4 > len(data):
+        if marker not in _JPEG_SEGMENTS or i + 4 > len(data):
             return None
         if marker in _JPEG_FRAMES:
             if process is not None:  # one frame a file (hierarchical files, which have more, go to PIL too)
