@@ -9,7 +9,7 @@ and also on the device-only tower call (`Engine.run` on device-resident pixels) 
 number. Also measured: per-part times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket
 (empty persistent cache) and warm start (a second process reading that cache); with --profile, the device
 time of every op of the device-only call; with $HLO_DIR set, each bucket's optimized program is written there.
-With --taps shipped,spare_slot the vitjax runs repeat with the deepstack tap write vitjax had before `vitjax.taps`.
+With --paths shipped,previous the vitjax runs repeat on an earlier code path (`PATHS`), for a comparison in one process.
 
     PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
 
@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import vitjax  # noqa: E402
-from vitjax import layout  # noqa: E402
+from vitjax import buckets, layout  # noqa: E402
 from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
@@ -225,17 +225,45 @@ def taps_run_blocks(self, x, inputs, impl, spare, write):
     return x, tapped[:k]
 
 
-TAP_PATHS = {"shipped": VisionTower.run_blocks, "spare_slot": spare_slot_run_blocks}
+def previous_device_pieces(self, pixels, row, rows, tokens, chunk):
+    """`Engine._device_pieces` before 2026-11-26: one row view at a time (the per-array lookups repeated), the
+    partial chunk's offset and length copied to the device with every call."""
+    pieces = []
+    for start in range(row, row + tokens, chunk):
+        end = min(start + chunk, row + rows)
+        if end - start == chunk:
+            pieces.append(row_view(pixels, start, chunk))
+        elif end > start:
+            window = min(start, pixels.shape[0] - chunk)
+            pieces.append(buckets._partial_chunk(row_view(pixels, window, chunk), start - window, end - start))
+        else:
+            pieces.append(self._zero(self.devices[0], chunk, np.dtype(pixels.dtype)))
+    return tuple(pieces)
+
+
+# Code paths a vitjax run can take (`--paths`): attributes replaced while its executables are traced and run.
+PATHS = {
+    "shipped": {},
+    "spare_slot": {(VisionTower, "run_blocks"): spare_slot_run_blocks},  # the tap write before `vitjax.taps`
+    "previous": {  # before 2026-11-26: zeroed tap buffer, jax.nn.gelu's erfc form in the mergers, the host path above
+        (vitjax.model, "tap_buffer"): lambda shape, dtype: jnp.zeros(shape, dtype),
+        (vitjax.model, "exact_gelu"): lambda h: jax.nn.gelu(h.astype(jnp.float32), approximate=False).astype(h.dtype),
+        (buckets.Engine, "_device_pieces"): previous_device_pieces,
+    },
+}
 
 
 @contextlib.contextmanager
-def tap_path(name: str):
-    """Executables traced inside are built with the tap write `TAP_PATHS[name]`."""
-    VisionTower.run_blocks = TAP_PATHS[name]
+def code_path(name: str):
+    """Executables traced and calls run inside take the code path `PATHS[name]`."""
+    saved = {(owner, attr): getattr(owner, attr) for owner, attr in PATHS[name]}
+    for (owner, attr), value in PATHS[name].items():
+        setattr(owner, attr, value)
     try:
         yield
     finally:
-        VisionTower.run_blocks = TAP_PATHS["shipped"]
+        for (owner, attr), value in saved.items():
+            setattr(owner, attr, value)
 
 
 def reps_for(tokens: int) -> int:
@@ -538,7 +566,7 @@ def latest(rows: list[dict]) -> list[dict]:
             r.get("tokens_ladder"),
             r.get("fit_granule"),
             str(r.get("segments_ladder")),
-            r.get("taps"),
+            r.get("path") or r.get("taps"),
             _gpus(r),
             r.get("workload"),
         ): r
@@ -571,7 +599,7 @@ def table(rows: list[dict]) -> str:
         label += f" t{r['tokens_ladder']}" if r.get("tokens_ladder") else ""
         label += f" fit{r['fit_granule']}" if r.get("fit_granule") is not None else ""
         label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
-        label += f" {r['taps']}" if r.get("taps") else ""
+        label += f" {r.get('path') or r['taps']}" if r.get("path") or r.get("taps") else ""
         lines.append(
             f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>26}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
@@ -656,10 +684,10 @@ def main() -> None:
         "the shipped one); rows carry the ladder",
     )
     ap.add_argument(
-        "--taps",
+        "--paths",
         default="shipped",
-        help=f"vitjax runs: tap writes, comma-separated, of {', '.join(TAP_PATHS)} (spare_slot: the path before "
-        "vitjax.taps); rows carry any but the shipped one",
+        help=f"vitjax runs: code paths, comma-separated, of {', '.join(PATHS)} (spare_slot: the tap write before "
+        "vitjax.taps; previous: the tower before 2026-11-26), repeats allowed; rows carry any but the shipped one",
     )
     ap.add_argument("--plot", metavar="JSONL", help="only draw the plot of an earlier run's results")
     args = ap.parse_args()
@@ -710,19 +738,19 @@ def main() -> None:
                 changes["segments"], marks["segments_ladder"] = ladder, list(ladder)
             run_policy = dataclasses.replace(base, **changes) if changes else policy
             run_emit = (lambda row, marks=marks: emit({**row, **marks})) if marks else emit
-            for impl, cap, taps in itertools.product(
+            for impl, cap, path in itertools.product(
                 args.attention.split(",") if args.attention else [None],
                 map(int, args.max_call_tokens.split(",")),
-                args.taps.split(","),
+                args.paths.split(","),
             ):
-                tap_emit = run_emit if taps == "shipped" else lambda row, e=run_emit, t=taps: e({**row, "taps": t})
-                with tap_path(taps):
+                path_emit = run_emit if path == "shipped" else lambda row, e=run_emit, p=path: e({**row, "path": p})
+                with code_path(path):
                     infos[spec] = run_vitjax(
                         cfg,
                         weights,
                         items,
                         pool,
-                        tap_emit,
+                        path_emit,
                         not args.no_parts,
                         run_policy,
                         **parallel,

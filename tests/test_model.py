@@ -17,7 +17,7 @@ import vitjax
 from vitjax import layout
 from vitjax.attention import Segments
 from vitjax.layer_norm import one_pass, pieces, rows_per_program
-from vitjax.model import GEMM_WIDTH_MULTIPLE, _LayerNorm, apply_rotary, rotary_tables
+from vitjax.model import GEMM_WIDTH_MULTIPLE, _LayerNorm, apply_rotary, exact_gelu, rotary_tables
 from vitjax.taps import PIECE, in_place, skipping
 
 
@@ -164,9 +164,35 @@ def test_tower_lowers_for_cuda():
     tower = jax.jit(lambda s, p, i: nnx.merge(graph, s)(p, i, "reference"))
     text = tower.trace(state, pixels, inputs).lower(lowering_platforms=("cuda",)).as_text()
     kernels = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
-    names = [name for line in kernels for name in ("layer_norm_one_pass", "tap_write") if name in line]
-    # the block's two LayerNorms and tap write (the scan's body, traced once), the final and the deepstack merger's
-    assert sorted(names) == ["layer_norm_one_pass"] * 4 + ["tap_write"], names
+    names = [name for line in kernels for name in ("layer_norm_one_pass", "tap_buffer", "tap_write") if name in line]
+    # the block's two LayerNorms and tap write (the scan's body, traced once), the final and the deepstack merger's,
+    # and the unwritten tap buffer
+    assert sorted(names) == ["layer_norm_one_pass"] * 4 + ["tap_buffer", "tap_write"], names
+
+
+def test_tap_slots_are_written_before_they_are_read(loaded, monkeypatch):
+    """On GPUs the tap buffer starts unwritten: a buffer of NaNs instead of zeros changes no output."""
+    cfg, _, enc, _ = loaded
+    x = pixels_for(GRIDS, cfg)
+    want = [np.asarray(o) for o in enc.encode_patches(x, np.array(GRIDS))]
+    monkeypatch.setattr(vitjax.model, "tap_buffer", lambda shape, dtype: jnp.full(shape, jnp.nan, dtype))
+    nan_start = vitjax.Encoder.from_params(cfg, nnx.to_pure_dict(enc._state), dtype="float32")
+    got = [np.asarray(o) for o in nan_start.encode_patches(x, np.array(GRIDS))]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exact_gelu_matches_torch(dtype):
+    """The mergers' GELU is PyTorch's `nn.GELU()` (erf form, fp32 inside), tails and zero included."""
+    x = torch.cat([torch.linspace(-12, 12, 20001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, 60.0, -60.0])]).to(dtype)
+    want = torch.nn.GELU()(x).float().numpy()
+    got = np.asarray(exact_gelu(jnp.asarray(x.float().numpy()).astype(jnp.dtype(str(dtype).split(".")[1]))), np.float32)
+    if dtype == torch.float32:  # a few fp32 ulp (erf's implementations differ)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+    else:  # fp32 values a few ulp apart round to bf16 one step apart at most, and rarely (jax.nn.gelu's erfc form: 32%)
+        np.testing.assert_allclose(got, want, rtol=2**-7, atol=1e-6)
+        assert (got != want).mean() < 0.1, (got != want).mean()
 
 
 @pytest.mark.parametrize("index", [0, -1])

@@ -41,7 +41,7 @@ from vitjax import layout
 from vitjax.attention import Segments, bucket_implementation
 from vitjax.config import VisionConfig
 from vitjax.model import TowerInputs
-from vitjax.row_views import row_view
+from vitjax.row_views import row_views
 
 CACHE_ENV = "VITJAX_CACHE_DIR"
 # JAX persists only programs that took at least this long to compile (its default: 1 s). An 8B bucket compiles in
@@ -244,6 +244,7 @@ class Engine:
         self._graph, self._state = graph, self.placed(state)
         self._executables: dict[tuple, jax.stages.Compiled] = {}
         self._zero_chunks: dict[tuple[jax.Device, int, np.dtype], jax.Array] = {}
+        self._counts: dict[int, jax.Array] = {}
         self._layouts: collections.OrderedDict[tuple, tuple[jax.Array, ...]] = collections.OrderedDict()
         self._sightings: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # fitted key -> calls
         self._fitting: dict[tuple, concurrent.futures.Future] = {}  # fitted keys being compiled
@@ -405,7 +406,9 @@ class Engine:
                 jax.block_until_ready(exe(self._state, *self._inputs(pixels, 0, rows, grids, b)))
                 if len(self.devices) == 1:  # device-resident requests' partial chunk (else +0.1 s on first use)
                     window = np.zeros((self._chunk_rows(b.tokens), self.cfg.patch_dim), pixel_dtype)
-                    jax.block_until_ready(_partial_chunk(jax.device_put(window, self.devices[0]), 0, 0))
+                    jax.block_until_ready(
+                        _partial_chunk(jax.device_put(window, self.devices[0]), *[self._count(0)] * 2)
+                    )
             times[b] = time.perf_counter() - start
         return times
 
@@ -458,8 +461,8 @@ class Engine:
         """Per-image outputs in input order, on the device: zero-copy row views of each call's output."""
         outs: list[jax.Array] = [None] * len(grids)  # type: ignore[list-item]
         for call in self.run(pixel_values, grids, first_row):
-            for i, (start, rows) in zip(call.images, call.spans, strict=True):
-                outs[i] = row_view(call.output, start, rows)
+            for i, view in zip(call.images, row_views(call.output, call.spans), strict=True):
+                outs[i] = view
         return outs
 
     def _inputs(
@@ -517,17 +520,22 @@ class Engine:
         """Device-resident pixels (one device) as the call's chunks, with nothing compiled per request size: full
         chunks are zero-copy row views; a partial one is a chunk-sized window of the array rotated and masked
         by one executable per chunk size (the array holds at least one chunk)."""
-        pieces = []
-        for start in range(row, row + tokens, chunk):
-            end = min(start + chunk, row + rows)
-            if end - start == chunk:
-                pieces.append(row_view(pixels, start, chunk))
-            elif end > start:
-                window = min(start, pixels.shape[0] - chunk)  # a whole chunk of the array holding [start, end)
-                pieces.append(_partial_chunk(row_view(pixels, window, chunk), start - window, end - start))
-            else:
-                pieces.append(self._zero(self.devices[0], chunk, np.dtype(pixels.dtype)))
-        return tuple(pieces)
+        full, part = divmod(rows, chunk)
+        window = min(row + full * chunk, pixels.shape[0] - chunk)  # a whole chunk of the array holding the part
+        views = row_views(pixels, [(row + i * chunk, chunk) for i in range(full)] + [(window, chunk)] * (part > 0))
+        pieces = views[:full]
+        if part:
+            offset = row + full * chunk - window
+            pieces.append(_partial_chunk(views[-1], self._count(offset), self._count(part)))
+        padding = tokens // chunk - len(pieces)
+        return (*pieces, *[self._zero(self.devices[0], chunk, np.dtype(pixels.dtype))] * padding)
+
+    def _count(self, value: int) -> jax.Array:
+        """An int32 scalar kept on the engine's first device (fewer than 2 * MAX_CHUNK_ROWS of them): the partial
+        chunk's offset and length, sent once rather than copied to the device before every call."""
+        if value not in self._counts:
+            self._counts[value] = jax.device_put(np.int32(value), self.devices[0])
+        return self._counts[value]
 
     def _zero(self, device: jax.Device, rows: int, dtype: np.dtype) -> jax.Array:
         """A chunk of padding rows, kept on the device."""

@@ -7,6 +7,8 @@ import ctypes
 import functools
 import math
 import warnings
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import jax
 
@@ -74,23 +76,40 @@ def _ready_stream(device: jax.Device) -> int | None:
         return None
 
 
-def _import_rows(array: jax.Array, start: int, rows: int) -> jax.Array | None:
-    """Rows of a one-device array as an array on its memory, through JAX's private DLPack entry points, or None
-    where they are missing or refuse. The public `jax.dlpack.from_dlpack` spends ~94 µs a view on lookups and an
-    array wrap, paid before a call starts for each of its device-resident pixel chunks (bench/NOTES.md)."""
+class _Importer(NamedTuple):
+    """What every view of one array shares: its buffer, device, ready stream and DLPack device type."""
+
+    buffer: jax.Array
+    device: jax.Device
+    stream: int | None
+    dlpack_type: int
+
+
+def _importer(array: jax.Array) -> _Importer | None:
+    """The per-array half of `_import_rows`, or None where JAX's private entry points are missing or the array
+    spans several devices."""
     devices = array.devices()
     if _from_capsule is None or len(devices) != 1:
         return None
     (device,) = devices
-    stream = _ready_stream(device)
+    return _Importer(array.addressable_data(0), device, _ready_stream(device), int(array.__dlpack_device__()[0]))
+
+
+def _import_rows(array: jax.Array, start: int, rows: int, importer: _Importer | None = None) -> jax.Array | None:
+    """Rows of a one-device array as an array on its memory, through JAX's private DLPack entry points, or None
+    where they are missing or refuse. The public `jax.dlpack.from_dlpack` spends ~94 µs a view on lookups and an
+    array wrap, paid before a call starts for each of its device-resident pixel chunks (bench/NOTES.md)."""
+    importer = importer or _importer(array)
+    if importer is None:
+        return None
     try:
-        capsule = _cut_rows(_to_capsule(array.addressable_data(0), stream=stream), array, start, rows)
-        return _from_capsule(capsule, device, stream, None, int(array.__dlpack_device__()[0]))
+        capsule = _cut_rows(_to_capsule(importer.buffer, stream=importer.stream), array, start, rows)
+        return _from_capsule(capsule, importer.device, importer.stream, None, importer.dlpack_type)
     except Exception:  # what this runtime refuses here, the public path may still take
         return None
 
 
-def row_view(array: jax.Array, start: int, rows: int) -> jax.Array:
+def row_view(array: jax.Array, start: int, rows: int, importer: _Importer | None = None) -> jax.Array:
     """Rows [start, start+rows) of a 2-D device array without a compilation, and without a copy when aligned.
 
     A compiled slice would be specialized to the row count, i.e. compiled once per image size; this view
@@ -103,7 +122,7 @@ def row_view(array: jax.Array, start: int, rows: int) -> jax.Array:
         return array
     aligned = (start * math.prod(array.shape[1:]) * array.dtype.itemsize) % _VIEW_ALIGN == 0
     try:
-        view = _import_rows(array, start, rows) if aligned else None
+        view = _import_rows(array, start, rows, importer) if aligned else None
         if view is None:
             # DLPack names CPU memory as device 0 whichever CPU device holds it: say where the view belongs (a
             # view of CPU device 1's array is then copied there; GPU views stay zero-copy).
@@ -113,6 +132,13 @@ def row_view(array: jax.Array, start: int, rows: int) -> jax.Array:
     except Exception as e:  # any refusal: slice instead
         warnings.warn(f"zero-copy row views unavailable ({e}); slicing per image size instead", stacklevel=2)
     return _slice_rows(array, start, rows)
+
+
+def row_views(array: jax.Array, spans: Iterable[tuple[int, int]]) -> list[jax.Array]:
+    """`row_view` of each (start, rows) span of one array, its per-array lookups made once: a call's device-resident
+    pixel chunks (47 for 20 photos) and its per-image outputs are taken before or right after the device work."""
+    importer = _importer(array)
+    return [row_view(array, start, rows, importer) for start, rows in spans]
 
 
 @functools.partial(jax.jit, static_argnums=2)

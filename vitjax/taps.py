@@ -4,6 +4,8 @@ The blocks run as one `scan` (one block compiled), so the write of a block's out
 block's program. XLA's dynamic update there copies the whole `[T, D]` state every block, into a spare slot when the
 block is not a tap (3.7 ms of a 20-photo call on an H200). On CUDA GPUs a Pallas kernel (Triton lowering) updates
 the buffer in place and returns at once in the other blocks (0.4 ms, bench/NOTES.md); elsewhere a `cond` skips them.
+Every slot is written by its tap block before the mergers read it, so on CUDA GPUs the buffer starts unwritten
+(zeroing it was another 0.4 ms of that call).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -61,3 +64,25 @@ def write(tapped: jax.Array, h: jax.Array, slot: jax.Array) -> jax.Array:
     if h.size % PIECE:
         return skipping(tapped, h, slot)
     return jax.lax.platform_dependent(tapped, h, slot, cuda=in_place, default=skipping)
+
+
+def _leave_unwritten(out_ref):
+    del out_ref  # the output's memory keeps whatever it held
+
+
+def unwritten(shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+    """A buffer XLA allocates and nothing writes (a kernel that returns at once): contents undefined."""
+    return pl.pallas_call(
+        _leave_unwritten,
+        out_shape=jax.ShapeDtypeStruct(shape, dtype),
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        grid=(1,),
+        compiler_params=pltriton.CompilerParams(num_warps=1),
+        name="tap_buffer",
+    )()
+
+
+def buffer(shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+    """The tap buffer `[K, T, D]` before the blocks: left unwritten on CUDA GPUs (each slot is written by its tap
+    block before anything reads it), zeros elsewhere."""
+    return jax.lax.platform_dependent(cuda=lambda: unwritten(shape, dtype), default=lambda: jnp.zeros(shape, dtype))
