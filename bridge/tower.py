@@ -17,7 +17,6 @@ import warnings
 from collections.abc import Iterable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 from torch import nn
@@ -68,7 +67,7 @@ class JaxVisionTower(nn.Module):
 
     `pixel_values` may live on any device (host, GPU, or a CUDA-IPC tensor SGLang has opened); they are read
     through DLPack where they are and moved to the encoder's device only if elsewhere. The output is one
-    tensor on `device` in the encoder's dtype, sharing the JAX result's memory. The tower holds one empty
+    tensor on `device` in the encoder's dtype that owns its memory. The tower holds one empty
     torch parameter, so `device`, `dtype` and `next(model.parameters())` work as on SGLang's own tower.
     Built without an encoder (inside SGLang, before its weights are read), it takes one with `load`.
     """
@@ -147,8 +146,11 @@ class JaxVisionTower(nn.Module):
             self.items += len(outs)
             if not outs:
                 return torch.empty((0, self.out_hidden_size), device=self.device, dtype=self.dtype)
-            out = outs[0] if len(outs) == 1 else jnp.concatenate(outs)
-            features = dlpack.to_torch(out)
+            # Each output views its call's padded output. The features are copied into one tensor of their own
+            # rows, by torch (a JAX concatenation compiles once per combination of sizes): SGLang's cache sees a
+            # tensor's own bytes only, so a view would keep the whole padded output alive uncounted.
+            parts = [dlpack.to_torch(out) for out in outs]
+            features = parts[0].clone() if len(parts) == 1 else torch.cat(parts)
             if trace := os.environ.get(backend.TRACE_ENV):
                 record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
                 try:

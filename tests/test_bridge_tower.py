@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -31,6 +32,34 @@ def test_tower_equals_hf_on_images_and_a_video(tiny):
     # The DP encoder path passes grid_thw positionally, sometimes as a list of lists.
     assert_close_to_scale(tower(torch.from_numpy(pixels), [list(g) for g in GRIDS]).numpy(), ref)
     assert (tower.calls, tower.items) == (2, 2 * len(GRIDS))
+
+
+def test_features_own_their_memory_and_no_combination_of_sizes_compiles(tiny, monkeypatch, request):
+    """The features are a tensor of their own (SGLang's cache counts a tensor's own bytes: a view of a call's padded
+    output would keep all of it alive uncounted), made without a JAX program per combination of image sizes."""
+    cfg, _, path = tiny
+    tower = bridge.JaxVisionTower(vitjax.Encoder.from_pretrained(path, dtype="float32"))
+    encode, seen = tower.encoder.encode_patches, []
+    monkeypatch.setattr(tower.encoder, "encode_patches", lambda *a: seen.append(encode(*a)) or seen[-1])
+    compiles = []
+
+    def listen(event, _, **__):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    request.addfinalizer(lambda: jax.monitoring.unregister_event_duration_listener(listen))
+    small = [(1, 2, 2)]  # 1 output row in a bucket of many
+    out = tower(torch.from_numpy(pixels_for(small, cfg)), torch.tensor(small))
+    assert out.shape == (1, tower.out_hidden_size)
+    assert out.data_ptr() != seen[-1][0].unsafe_buffer_pointer()
+    tower(torch.from_numpy(pixels_for([(1, 4, 4), (1, 2, 4)], cfg)), torch.tensor([(1, 4, 4), (1, 2, 4)]))
+    compiles.clear()
+    for grids in ([(1, 4, 4), (1, 2, 2)], [(1, 2, 6), (1, 2, 4), (1, 2, 2)]):  # new sizes in the same bucket
+        both = tower(torch.from_numpy(pixels_for(grids, cfg)), torch.tensor(grids))
+        alone = [np.asarray(o) for o in seen[-1]]
+        np.testing.assert_array_equal(both.numpy(), np.concatenate(alone))
+    assert compiles == []
 
 
 def test_tower_loads_sglang_style_named_weights_and_runs_bf16():
