@@ -115,16 +115,30 @@ class JaxVisionTower(nn.Module):
                 self.encoder.set_params(from_named_arrays(tensors, self.config, where, base=self.encoder.params()))
                 return
             params = from_named_arrays(tensors, self.config, where)
-            dtype = str(self.dtype).removeprefix("torch.")
-            kw.setdefault("devices", [jax_device(self.device)])
-            kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
-            kw.setdefault("buckets", backend.bucket_policy())
-            self.encoder = vitjax.Encoder.from_params(self.config, params, dtype, model_id=model_id or where, **kw)
+            self.encoder = vitjax.Encoder.from_params(
+                self.config, params, self._dtype_name(), model_id=model_id or where, **self._serving(kw)
+            )
+
+    def load_random(self, seed: int = 0, **kw) -> None:
+        """Random weights, where SGLang reads no checkpoint (`--load-format dummy`: it fills its own parameters
+        with random values too)."""
+        with self._on_device():
+            self.encoder = vitjax.Encoder.random(self.config, seed, self._dtype_name(), **self._serving(kw))
+
+    def _dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def _serving(self, kw: dict) -> dict:
+        """Encoder settings for serving inside SGLang, unless given."""
+        kw.setdefault("devices", [jax_device(self.device)])
+        kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
+        kw.setdefault("buckets", backend.bucket_policy())
+        return kw
 
     def warmup(self, buckets: Sequence[Bucket] | None = None) -> None:
         """Compile (or load from the persistent cache) the executables the served pixel rows will use."""
         with self._on_device():
-            self._ready().warmup(buckets, pixel_dtype=str(self.dtype).removeprefix("torch."))
+            self._ready().warmup(buckets, pixel_dtype=self._dtype_name())
 
     def warmup_for_serving(self) -> None:
         """The warm-up `VITJAX_WARMUP` asks for: "all" buckets (default), "none", or token sizes "512,4096"."""

@@ -65,7 +65,8 @@ def main(spec_file: str, out_file: str) -> None:
 
                 saved = {k: v for f in Path(spec["model"]).glob("*.safetensors") for k, v in load_file(f).items()}
                 scale = request.get("scale", 1.0)
-                named = [(name, saved[name] * scale) for name in request["update_weights"]]
+                renamed = request.get("as", {})  # checkpoint name -> the name the update sends it under
+                named = [(renamed.get(name, name), saved[name] * scale) for name in request["update_weights"]]
                 steps = [
                     engine.begin_weight_update(),
                     engine.update_weights_from_tensor(named),

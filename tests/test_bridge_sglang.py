@@ -40,10 +40,16 @@ REQUESTS = [
     {"prompt": user_prompt(2, "And now?"), "images": [str(IMAGES / "rocket.jpg"), str(IMAGES / "coffee.jpg")]},
 ]
 # Weight updates, then an image not seen before: one of the language model only (as RL trainers push them, here
-# its own values), one of two vision tensors, changed (the tower updates them in place; stock SGLang its own).
+# its own values), one of two vision tensors, changed (the tower updates them in place; stock SGLang its own), and
+# one under SGLang's own parameter name beside a checkpoint name (both prefixes in one update, as stock accepts).
 AFTER_UPDATE = [
     {"update_weights": ["model.language_model.norm.weight", "lm_head.weight"]},
     {"update_weights": ["model.visual.blocks.1.mlp.linear_fc1.weight", "model.visual.merger.norm.bias"], "scale": 3},
+    {
+        "update_weights": ["model.visual.blocks.0.attn.qkv.weight", "model.visual.blocks.0.attn.qkv.bias"],
+        "as": {"model.visual.blocks.0.attn.qkv.weight": "visual.blocks.0.attn.qkv_proj.weight"},
+        "scale": 2,
+    },
     {"prompt": user_prompt(1, "Describe."), "images": [str(IMAGES / "camera.png")]},
 ]
 
@@ -96,10 +102,15 @@ def runs(dense, tmp_path_factory):
     return stock, run_engine(tmp, "jax", "jax", dense, requests)
 
 
-def run_engine(tmp: Path, name: str, backend_name: str, model: Path, requests: list[dict], **env) -> tuple:
-    """(results per request, tower calls traced) of one Engine run in its own process."""
+def run_engine(
+    tmp: Path, name: str, backend_name: str, model: Path, requests: list[dict], engine: dict | None = None, **env
+) -> tuple:
+    """(results per request, tower calls traced) of one Engine run in its own process (`engine`: more of SGLang's
+    Engine arguments)."""
     spec, out, trace = tmp / f"{name}.json", tmp / f"{name}.out.json", tmp / f"{name}.trace.jsonl"
-    spec.write_text(json.dumps({"backend": backend_name, "model": str(model), "requests": requests}))
+    spec.write_text(
+        json.dumps({"backend": backend_name, "model": str(model), "requests": requests, "engine": engine or {}})
+    )
     environ = {
         **os.environ,
         "SGLANG_CACHE_DIR": str(tmp / "sglang-cache"),
@@ -148,9 +159,9 @@ def test_engine_with_bridge_equals_stock_sglang_on_images(runs):
 def test_weight_updates_keep_the_jax_tower(runs):
     (stock, _), (got, calls) = runs
     n = len(REQUESTS)
-    for i in (n, n + 1):
+    for i in (n, n + 1, n + 2):
         assert got[i] == stock[i] == {"update": [[True, "Success"]] * 3}, (got[i], stock[i])
-    assert_same_answers([got[n + 2]], [stock[n + 2]])
+    assert_same_answers([got[n + 3]], [stock[n + 3]])
     camera = preprocess_image(IMAGES / "camera.png", MIN_PIXELS, MAX_PIXELS)[1].tolist()
     images = [c for c in calls if c["grid_thw"][0][0] == 1]  # the fifth new image, in the same process
     assert len(images) == 5 and images[4]["grid_thw"] == camera and images[4]["pid"] == images[0]["pid"]
@@ -194,3 +205,12 @@ def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(dense, tmp_
     )
     assert "error" not in got[3] and "error" not in got[4] and len(got[4]["tokens"]) == 4
     assert [c["grid_thw"] for c in calls] == [[[1, 16, 16]], [[1, 4, 4]]]  # the refused ones never reached the tower
+
+
+def test_dummy_weights_give_the_jax_tower_random_ones(dense, tmp_path):
+    """`--load-format dummy` (benchmarks): SGLang reads no checkpoint and draws its parameters at random; the JAX
+    tower gets random weights of its own and the request is answered (the server used to die at warm-up)."""
+    [got], calls = run_engine(tmp_path, "dummy", "jax", dense, REQUESTS[:1], engine={"load_format": "dummy"})
+    assert "error" not in got and len(got["tokens"]) > 0, got
+    astronaut = preprocess_image(IMAGES / "astronaut.jpg", MIN_PIXELS, MAX_PIXELS)[1].tolist()
+    assert [c["grid_thw"] for c in calls] == [astronaut]

@@ -8,7 +8,8 @@ any other backend they are SGLang's classes unchanged. SGLang's feature calls, p
 chunk-aware encoding, DP encoder and encoder server all stay SGLang's.
 
 Checked against sglang 0.5.23 (the module global `Qwen3VLMoeVisionModel` that the constructor calls, the
-constructor's keyword names, and the `precompile_kernels_after_loading` hook).
+constructor's keyword names, the `precompile_kernels_after_loading` hook, and the vision tensor names its
+`load_weights` takes).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from bridge import backend
 
 logger = logging.getLogger(__name__)
 VISUAL_PREFIXES = ("model.visual.", "visual.")
+
+
+def hf_visual_name(name: str) -> str:
+    """A vision tensor's name as vitjax reads it (HF's, under `visual.`), from any name SGLang's own `load_weights`
+    takes for its tower: the checkpoint's `model.visual.` or SGLang's `visual.`, and SGLang's `attn.qkv_proj.` for
+    HF's `attn.qkv.` (weight updates may carry SGLang's parameter names, or both prefixes in one update)."""
+    return name.removeprefix("model.").replace(".attn.qkv_proj.", ".attn.qkv.")
 
 
 @contextlib.contextmanager
@@ -77,7 +85,7 @@ class _VitjaxTower:
         def language(pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in pairs:
                 if name.startswith(VISUAL_PREFIXES):
-                    visual.append((name, to_numpy(tensor)))
+                    visual.append((hf_visual_name(name), to_numpy(tensor)))
                 else:
                     yield name, tensor
 
@@ -93,6 +101,9 @@ class _VitjaxTower:
         if parent is not None:
             parent()
         if self._vitjax():
+            if self.visual.encoder is None:  # `--load-format dummy`: SGLang read no weights and drew its own at random
+                logger.info("vitjax: no checkpoint was read; the vision tower gets random weights")
+                self.visual.load_random()
             self.visual.warmup_for_serving()
 
 
