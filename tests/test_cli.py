@@ -8,6 +8,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,92 @@ def test_output_is_checked_before_encoding(config_only, tmp_path, capsys):
     code, _, err = run(capsys, "--model", str(config_only), "-o", str(tmp_path / "out.safetensors"))
     assert code == 2 and "no inputs" in one_error_line(err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_output_that_is_an_input_is_refused(config_only, tmp_path, capsys):
+    """-o naming one of the inputs, given alone or found in a folder: refused before anything is read or written."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    photo = folder / "a.jpg"
+    shutil.copy(PHOTOS[0], photo)
+    for inputs in ([str(folder)], [str(PHOTOS[1]), str(photo)]):
+        code, stdout, err = run(capsys, *inputs, "--model", str(config_only), "-o", str(photo))
+        assert code == 2 and not stdout
+        assert one_error_line(err) == f"vitjax: error: -o {photo}: is the input {photo}; write the output elsewhere"
+    assert photo.read_bytes() == PHOTOS[0].read_bytes() and [p.name for p in tmp_path.iterdir()] == ["photos"]
+
+
+def test_output_naming_a_folder_or_a_special_file_is_refused(config_only, tmp_path, capsys):
+    """A name ending in a separator is a folder, even one not there (not a file named like it); a FIFO or a device
+    is not replaced by a regular file."""
+    for output in (f"{tmp_path}/new/", f"{tmp_path}/new/."):
+        code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", output)
+        assert code == 2 and one_error_line(err) == f"vitjax: error: -o {output}: names a folder; give a file name"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for output in (str(fifo), os.devnull):
+        code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", output)
+        assert code == 2 and one_error_line(err) == f"vitjax: error: -o {output}: exists and is not a regular file"
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_long_output_name_is_written(checkpoint, tmp_path, capsys):
+    """A file name of 248 characters (the limit is 255): the probe and temporary names must not be longer."""
+    out = tmp_path / ("e" * 236 + ".safetensors")
+    code, _, err = run(
+        capsys, str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out)
+    )
+    assert code == 0 and "wrote 1 of 1 images" in err
+    assert set(load_file(out)) == {"0.embeds", "0.deepstack"} and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('{"depth": 3,', "not a JSON config (Expecting property name enclosed in double quotes"),
+        ('{"depth": "\xff"}', "not a JSON config ('utf-8' codec can't decode byte 0xff"),  # written as Latin-1
+        ('{"vision_config": 5}', "vision_config must be a JSON object, got int"),
+        ({"depth": "3"}, "depth must be a positive integer, got '3'"),
+        ({"num_heads": 0}, "num_heads must be a positive integer, got 0"),
+        ({"patch_size": None}, "patch_size must be a positive integer, got None"),
+        ({"deepstack_visual_indexes": 5}, "deepstack_visual_indexes must be a list of block numbers, got 5"),
+        ({"rope_parameters": "x"}, "rope_parameters must be a JSON object, got 'x'"),
+    ],
+)
+def test_malformed_config_is_one_line(checkpoint, tmp_path, capsys, text, message):
+    """A config.json that cannot describe a tower: one line naming the file, exit 2, for encode and convert alike."""
+    model = tmp_path / "model"
+    model.mkdir()
+    if isinstance(text, dict):
+        text = json.dumps({**json.loads((checkpoint / "config.json").read_text()), **text})
+    (model / "config.json").write_bytes(text.encode("latin-1"))
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(model), "-o", str(tmp_path / "out.safetensors"))
+    assert code == 2 and f"vitjax: error: --model {model}: {model / 'config.json'}: {message}" in one_error_line(err)
+    assert cli_main(["convert", str(model), str(tmp_path / "converted"), "-q"]) == 2
+    prefix = f"vitjax: error: convert {model} {tmp_path / 'converted'}: {model / 'config.json'}: {message}"
+    assert prefix in one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_inputs_certain_to_fail_are_found_before_the_model(config_only, tmp_path, capsys):
+    """An empty folder, a folder without images or videos and a URL (the CLI reads files only) fail as a missing
+    file does: named, exit 1, without building the model (which would fail: no weights)."""
+    empty, notes = tmp_path / "empty", tmp_path / "notes"
+    empty.mkdir()
+    notes.mkdir()
+    (notes / "readme.txt").write_text("no pictures")
+    url = "https://example.com/a.jpg"
+    out = tmp_path / "out.safetensors"
+    code, stdout, err = run(capsys, str(empty), str(notes), url, "--model", str(config_only), "-o", str(out), "-q")
+    none = "directory contains no image or video files (3gp, avi, bmp,"
+    lines = err.splitlines()
+    assert code == 1 and not out.exists() and not stdout and len(lines) == 3, err
+    assert lines[0].startswith(f"vitjax: error: {empty}: {none}") and lines[1].startswith(
+        f"vitjax: error: {notes}: {none}"
+    )
+    assert lines[2] == f"vitjax: error: {url}: URLs are not fetched; download the image and pass its bytes or path"
 
 
 def test_missing_inputs_are_found_before_the_model(config_only, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax.numpy as jnp
 import pytest
@@ -83,3 +84,42 @@ def test_from_hf_errors(tmp_path):
             vitjax.VisionConfig.from_hf({**PRESETS["qwen3-vl-2b"].to_hf(), "deepstack_visual_indexes": unordered})
     with pytest.raises(FileNotFoundError, match="no config.json"):
         vitjax.VisionConfig.from_hf(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"depth": "3"}, "depth must be a positive integer, got '3'"),
+        ({"hidden_size": 1152.0}, "hidden_size must be a positive integer, got 1152.0"),
+        ({"num_heads": 0}, "num_heads must be a positive integer, got 0"),
+        ({"in_channels": True}, "in_channels must be a positive integer, got True"),
+        ({"patch_size": None}, "patch_size must be a positive integer, got None"),
+        ({"deepstack_visual_indexes": 5}, "deepstack_visual_indexes must be a list of block numbers, got 5"),
+        ({"deepstack_visual_indexes": ["5"]}, r"deepstack_visual_indexes must be a list of block numbers, got \['5'\]"),
+        ({"rope_parameters": "x"}, "rope_parameters must be a JSON object, got 'x'"),
+        ({"rope_parameters": {"rope_type": "axial", "rope_theta": "big"}}, "rope_theta must be a positive number"),
+    ],
+)
+def test_from_hf_refuses_wrong_types_by_field_and_file(tmp_path, edit, message):
+    """A field of the wrong type or out of range is a ValueError naming it and the file, not a TypeError deep inside."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**PRESETS["qwen3-vl-8b"].to_hf(), **edit}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: {message}"):
+        vitjax.VisionConfig.from_hf(tmp_path)
+    with pytest.raises(ValueError, match=rf"^config dict: {message}"):
+        vitjax.VisionConfig.from_hf(
+            {"model_type": "qwen3_vl", "vision_config": {**PRESETS["qwen3-vl-8b"].to_hf(), **edit}}
+        )
+
+
+def test_from_hf_refuses_what_is_no_json_object(tmp_path):
+    path = tmp_path / "config.json"
+    for data, message in [
+        (b"[1, 2]", "expected a JSON object, got list"),
+        (b'{"vision_config": [1]}', "vision_config must be a JSON object, got list"),
+        (b'{"depth": 3,', r"not a JSON config \(Expecting property name"),
+        (b'{"depth": "\xff"}', r"not a JSON config \('utf-8' codec can't decode byte 0xff"),
+    ]:
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: {message}"):
+            vitjax.VisionConfig.from_hf(path)

@@ -14,7 +14,7 @@ from conftest import TINY
 from PIL import Image, ImageFile
 
 import vitjax
-from vitjax.images import ImageInputError, expand_inputs, load_image
+from vitjax.images import ImageInputError, expand_inputs, load_image, path_error
 
 PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
 
@@ -219,6 +219,24 @@ def test_directory_without_images(tmp_path):
     (folder / "readme.txt").write_text("no pictures here")
     assert expand_inputs([folder]) == [(str(folder), folder)]
     expect_error(folder, r"directory contains no image or video files \(3gp, avi, bmp, .*, webm, webp, wmv\)")
+
+
+def test_path_error_names_what_loading_will_refuse(tmp_path):
+    """Found without reading a file, with the reason loading gives: a missing path, a folder (with images or none:
+    callers expand folders first), a URL. A file (even one that is no image) and non-path inputs are left to loading."""
+    empty, notes = tmp_path / "empty", tmp_path / "notes"
+    empty.mkdir()
+    notes.mkdir()
+    (notes / "readme.jpg.txt").write_text("no pictures")
+    (tmp_path / "bad.jpg").write_text("not an image")
+    for source in (tmp_path / "gone.jpg", empty, str(notes), PHOTO.parent, "http://example.com/a.jpg"):
+        error = path_error(str(source), source)
+        with pytest.raises(ImageInputError) as loaded:
+            load_image(source)
+        assert error is not None and (error.name, error.reason) == (loaded.value.name, loaded.value.reason)
+    assert path_error(str(notes), notes).reason.startswith("directory contains no image or video files (3gp, avi,")
+    for source in (tmp_path / "bad.jpg", str(PHOTO), "data:image/png;base64,AAAA", b"", 3.5):
+        assert path_error("input", source) is None
 
 
 def test_decompression_bomb_is_refused_without_decoding(tmp_path, monkeypatch):

@@ -233,7 +233,8 @@ def test_convert_writes_whole_or_nothing_and_refuses_what_it_cannot_use(full_mod
     qwen2.mkdir()
     (qwen2 / "config.json").write_text(json.dumps({**json.loads(source_config), "model_type": "qwen2_vl"}))
     refused(qwen2, tmp_path / "out", "is not a Qwen3-VL model")
-    refused(tmp_path / "nowhere", tmp_path / "out", "no config.json")
+    for source in (tmp_path / "nowhere", path / "config.json"):  # a file is no checkpoint either, whatever it holds
+        refused(source, tmp_path / "out", f"{source}: not a folder (an HF checkpoint is one: config.json and")
     real_save = weights.save_orbax
 
     def interrupted(out_dir, *args):
@@ -277,3 +278,14 @@ def test_converted_checkpoint_is_held_to_its_config(full_model, tmp_path):
     (params / "_METADATA").write_text("")
     with pytest.raises(weights.CheckpointError, match=rf"{params}: not a readable converted checkpoint"):
         vitjax.Encoder.from_pretrained(out)
+    (params / "_METADATA").write_text("{}")  # JSON, but without the keys orbax looks up
+    with pytest.raises(weights.CheckpointError, match=rf"^{params}: not a readable converted checkpoint \(KeyError: "):
+        vitjax.Encoder.from_pretrained(out)
+
+
+def test_convert_to_a_long_name(full_model, tmp_path):
+    """An output name of 248 characters (the limit is 255): the staging folder's name must not be longer."""
+    cfg, _, path = full_model
+    out = tmp_path / ("c" * 248)
+    assert weights.convert(path, out, progress=False) == out
+    assert [p.name for p in tmp_path.iterdir()] == [out.name] and vitjax.Encoder.from_pretrained(out).cfg == cfg

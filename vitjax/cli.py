@@ -34,6 +34,11 @@ EXIT_CODES = """exit status:
      writable; nothing is encoded"""
 
 
+# Of the probe and temporary files beside the output: fixed and short, as one built from the output's name would pass
+# the 255-byte limit on a file name before the output's name does.
+TEMP_PREFIX = ".vitjax-"
+
+
 class UsageError(Exception):
     """A problem with the command line itself, found before any work: one line on stderr, exit status 2."""
 
@@ -119,15 +124,34 @@ def _check_output(output: str) -> Path:
     out = Path(output)
     if out.is_dir():
         raise UsageError(f"-o {output}: is a directory")
+    if os.path.basename(output) in ("", ".", ".."):  # "new/" or "new/.": Path would drop the ending, and write "new"
+        raise UsageError(f"-o {output}: names a folder; give a file name")
+    if out.exists() and not out.is_file():  # a device or a FIFO would be replaced by the rename
+        raise UsageError(f"-o {output}: exists and is not a regular file")
     folder = out.parent
     if not folder.is_dir():
         raise UsageError(f"-o {output}: folder {folder} does not exist")
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{out.name}.", suffix=".probe"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=TEMP_PREFIX, suffix=".probe"):
             pass
     except OSError as e:
         raise UsageError(f"-o {output}: cannot create files in {folder} ({e.strerror or e})") from e
     return out
+
+
+def _check_not_an_input(output: str, out: Path, items: list[tuple[str, object]]) -> None:
+    """Refuse an output that is one of the inputs (a folder's files included): the rename would replace it."""
+    try:
+        written = out.stat()
+    except OSError:  # no file yet: it is none of the inputs
+        return
+    for name, source in items:
+        try:
+            same = isinstance(source, (str, os.PathLike)) and os.path.samestat(os.stat(source), written)
+        except (OSError, ValueError):  # missing or no path: reported as an input error
+            continue
+        if same:
+            raise UsageError(f"-o {output}: is the input {name}; write the output elsewhere")
 
 
 def _write_atomic(out: Path, tensors: dict, metadata: dict[str, str]) -> None:
@@ -137,7 +161,7 @@ def _write_atomic(out: Path, tensors: dict, metadata: dict[str, str]) -> None:
 
     umask = os.umask(0)
     os.umask(umask)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=TEMP_PREFIX, suffix=".tmp")
     try:
         os.close(fd)
         save_file(tensors, tmp, metadata=metadata)
@@ -178,6 +202,7 @@ def _encode(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--devices {args.devices} --sequence-parallel {args.sequence_parallel}: {e}") from e
     items = expand_inputs(inputs)
+    _check_not_an_input(args.output, out, items)
     missing = {i: e for i, (name, source) in enumerate(items) if (e := path_error(name, source)) is not None}
     for error in missing.values():
         print(f"vitjax: error: {error}", file=sys.stderr)

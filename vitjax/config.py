@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,13 @@ from typing import Any
 _QWEN3_VL_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_vl_vision", "qwen3_vl_moe_vision")
 # Fields without which the architecture is undefined: no silent HF defaults for these.
 _REQUIRED = ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "deepstack_visual_indexes")
+# Every field but these is a count or a size: a positive integer (a string, a float or 0 would fail deep inside).
+_NOT_COUNTS = ("deepstack_visual_indexes", "hidden_act", "rope_theta")
+
+
+def _is_int(value: object) -> bool:
+    """An integer as JSON or numpy gives one; True and False are not."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +41,13 @@ class VisionConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name not in _NOT_COUNTS and not (_is_int(value) and value >= 1):
+                raise ValueError(f"{field.name} must be a positive integer, got {value!r}")
+        taps = self.deepstack_visual_indexes
+        if not isinstance(taps, (list, tuple)) or not all(_is_int(i) for i in taps):
+            raise ValueError(f"deepstack_visual_indexes must be a list of block numbers, got {taps!r}")
         object.__setattr__(self, "deepstack_visual_indexes", tuple(int(i) for i in self.deepstack_visual_indexes))
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
@@ -86,7 +101,8 @@ class VisionConfig:
 
     @classmethod
     def from_hf(cls, source: str | Path | dict[str, Any]) -> VisionConfig:
-        """Read a full-model config.json (`vision_config` inside) or a vision-only one (path, dir or dict)."""
+        """Read a full-model config.json (`vision_config` inside) or a vision-only one (path, dir or dict).
+        Every error is a ValueError (a FileNotFoundError for no file) naming the file or the dict."""
         if isinstance(source, dict):
             raw, where = source, "config dict"
         else:
@@ -94,22 +110,41 @@ class VisionConfig:
             path = path / "config.json" if path.is_dir() else path
             if not path.is_file():
                 raise FileNotFoundError(f"no config.json at {path}")
-            raw, where = json.loads(path.read_text()), str(path)
+            try:
+                raw = json.loads(path.read_bytes())
+            except ValueError as e:  # JSON and UTF-8 errors alike: say which file they are in
+                raise ValueError(f"{path}: not a JSON config ({e})") from None
+            where = str(path)
+        try:
+            return cls._from_dict(raw)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    @classmethod
+    def _from_dict(cls, raw: object) -> VisionConfig:
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
         model_type = raw.get("model_type")
         if model_type is not None and model_type not in _QWEN3_VL_TYPES:
             known = ", ".join(_QWEN3_VL_TYPES)
-            raise ValueError(f"{where}: model_type {model_type!r} is not a Qwen3-VL model ({known})")
+            raise ValueError(f"model_type {model_type!r} is not a Qwen3-VL model ({known})")
         vision = raw.get("vision_config", raw)
+        if not isinstance(vision, dict):
+            raise ValueError(f"vision_config must be a JSON object, got {type(vision).__name__}")
         missing = [k for k in _REQUIRED if k not in vision]
         if missing:
-            raise ValueError(f"{where}: vision config lacks {missing}")
-        rope = vision.get("rope_parameters") or vision.get("rope_scaling") or {}
+            raise ValueError(f"vision config lacks {missing}")
+        rope_key = "rope_parameters" if vision.get("rope_parameters") else "rope_scaling"
+        rope = vision.get(rope_key) or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"{rope_key} must be a JSON object, got {rope!r}")
         if rope.get("rope_type", "axial") != "axial":
-            raise ValueError(f"{where}: rope_type {rope['rope_type']!r} is not supported (Qwen3-VL uses 'axial')")
+            raise ValueError(f"rope_type {rope['rope_type']!r} is not supported (Qwen3-VL uses 'axial')")
+        theta = rope.get("rope_theta", vision.get("rope_theta", 10000.0))
+        if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and 0 < theta < math.inf):
+            raise ValueError(f"rope_theta must be a positive number, got {theta!r}")
         names = {f.name for f in dataclasses.fields(cls)} - {"rope_theta"}
-        kwargs = {k: vision[k] for k in names if k in vision}
-        kwargs["rope_theta"] = float(rope.get("rope_theta", vision.get("rope_theta", 10000.0)))
-        return cls(**kwargs)
+        return cls(**{k: vision[k] for k in names if k in vision}, rope_theta=float(theta))
 
     def to_hf(self) -> dict[str, Any]:
         """A vision-only config.json that `from_hf` (and HF's `Qwen3VLVisionConfig`) reads back."""

@@ -27,6 +27,7 @@ VIDEO_EXTENSIONS = frozenset(
 _EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 # Linux's PATH_MAX: a longer string is no path (a raw base64 image, say), and is not printed whole in errors.
 MAX_PATH_CHARS = 4096
+URL_REFUSED = "URLs are not fetched; download the image and pass its bytes or path"
 # Held while a caller's lazily opened PIL image reads its file (only those; decoded inputs never wait).
 _LAZY_LOAD_LOCK = threading.Lock()
 
@@ -142,16 +143,33 @@ def missing_reason(path: Path) -> str | None:
     return f"broken symbolic link (to {os.readlink(path)})" if path.is_symlink() else "no such file"
 
 
+def _is_url(source: object) -> bool:
+    return isinstance(source, str) and source.startswith(("http://", "https://"))
+
+
+def _directory_reason(path: Path) -> str:
+    """Why a folder, as one input, is no image: it cannot be listed, holds none, or was not expanded."""
+    try:
+        os.listdir(path)
+    except OSError as e:
+        return f"cannot list directory ({e.strerror or e})"
+    if not _files_under(path):
+        exts = ", ".join(sorted(e[1:] for e in _EXTENSIONS))
+        return f"directory contains no image or video files ({exts})"
+    return "is a directory; expand it with expand_inputs()"
+
+
 def path_error(name: str, source: object) -> ImageInputError | None:
-    """The error a path input that names nothing will get, found without reading anything (None otherwise):
-    lets a caller report missing files before it spends time on a model."""
-    if (
-        not isinstance(source, (str, os.PathLike))
-        or is_data_uri(source)
-        or str(source).startswith(("http://", "https://"))
-    ):
+    """The error a URL, a path that names nothing or a folder will get, found without reading a file (None
+    otherwise): lets a caller report inputs certain to fail before it spends time on a model."""
+    if _is_url(source):
+        return ImageInputError(name, URL_REFUSED)
+    if not isinstance(source, (str, os.PathLike)) or is_data_uri(source):
         return None
-    reason = missing_reason(Path(source))
+    path = Path(source)
+    reason = missing_reason(path)
+    if reason is None and _is_dir(path):
+        reason = _directory_reason(path)
     return None if reason is None else ImageInputError(name, reason)
 
 
@@ -160,14 +178,7 @@ def _read_path(path: Path) -> bytes:
     if reason is not None:
         raise ValueError(reason)
     if path.is_dir():
-        try:
-            os.listdir(path)
-        except OSError as e:
-            raise ValueError(f"cannot list directory ({e.strerror or e})") from e
-        if not _files_under(path):
-            exts = ", ".join(sorted(e[1:] for e in _EXTENSIONS))
-            raise ValueError(f"directory contains no image or video files ({exts})")
-        raise ValueError("is a directory; expand it with expand_inputs()")
+        raise ValueError(_directory_reason(path))
     if not path.is_file():
         raise ValueError("not a regular file")
     try:
@@ -257,7 +268,7 @@ def encoded_bytes(source: object, name: str | None = None) -> bytes | None:
             return bytes(source)
         if is_data_uri(source):
             return _data_uri_bytes(source)
-        if isinstance(source, str) and source.startswith(("http://", "https://")):
+        if _is_url(source):
             return None  # `load_image` says why it is refused
         if isinstance(source, (str, os.PathLike)):
             return _read_path(Path(source))
@@ -301,8 +312,8 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
             image = _decode(bytes(source))
         elif is_data_uri(source):
             image = _decode(_data_uri_bytes(source))
-        elif isinstance(source, str) and source.startswith(("http://", "https://")):
-            raise ValueError("URLs are not fetched; download the image and pass its bytes or path")
+        elif _is_url(source):
+            raise ValueError(URL_REFUSED)
         elif isinstance(source, str) and len(source) > MAX_PATH_CHARS:
             raise ValueError("not a path; an encoded image in a string is a data URI: data:image/<type>;base64,...")
         elif isinstance(source, (str, os.PathLike)):

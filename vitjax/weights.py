@@ -289,8 +289,9 @@ def load_orbax(path: str | Path) -> tuple[VisionConfig, Params]:
     try:
         with ocp.StandardCheckpointer() as ckpt:
             params = jax.tree.map(np.asarray, ckpt.restore(path / ORBAX_PARAMS))
-    except (ValueError, OSError) as e:  # orbax and tensorstore report damage as either
-        raise CheckpointError(f"{path / ORBAX_PARAMS}: not a readable converted checkpoint ({e})") from None
+    except Exception as e:  # orbax and tensorstore report damage as many kinds (a KeyError for metadata without a key)
+        where = path / ORBAX_PARAMS
+        raise CheckpointError(f"{where}: not a readable converted checkpoint ({type(e).__name__}: {e})") from None
     check_params(params, cfg, str(path / ORBAX_PARAMS))
     return cfg, params
 
@@ -317,6 +318,8 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     """HF directory -> converted orbax directory (the vision tower only), written whole or not at all: into a
     new folder beside `out_dir`, renamed into place once complete (replacing an earlier conversion there)."""
     source, out = Path(hf_dir).absolute(), Path(out_dir).absolute()
+    if not source.is_dir():
+        raise CheckpointError(f"{source}: not a folder (an HF checkpoint is one: config.json and *.safetensors)")
     if out.resolve() == source.resolve():
         raise CheckpointError(f"{out}: is the checkpoint being converted; write the conversion elsewhere")
     earlier = out.is_dir() and {p.name for p in out.iterdir()} == {"config.json", ORBAX_PARAMS}
@@ -326,7 +329,8 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
         raise CheckpointError(f"{out.parent}: no such folder")
     cfg = VisionConfig.from_hf(source)
     tag = uuid.uuid4().hex[:8]
-    staging, old = out.parent / f".{out.name}.{tag}.partial", out.parent / f".{out.name}.{tag}.old"
+    # Short fixed names: one built from `out`'s would pass the 255-byte limit on a file name before `out` does.
+    staging, old = out.parent / f".vitjax-convert-{tag}.partial", out.parent / f".vitjax-convert-{tag}.old"
     staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
     try:
         save_orbax(staging, cfg, load_hf(source, cfg, progress=progress))
