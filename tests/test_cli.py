@@ -20,6 +20,7 @@ from PIL import Image
 from safetensors.numpy import load_file
 
 import vitjax
+from vitjax import cli
 from vitjax.buckets import FIT_GRANULE
 from vitjax.cli import main as cli_main
 
@@ -368,3 +369,14 @@ def test_failed_write_leaves_the_old_file_and_no_partial_one(checkpoint, tmp_pat
     assert out.read_bytes() == b"previous run" and [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]
     summary = json.loads(stdout)
     assert summary["written"] == 0 and summary["error"].startswith(f"cannot write {out}")
+
+
+def test_an_interrupt_is_one_line(monkeypatch, capsys):
+    """Ctrl-C: one line and the shell's status for SIGINT, no traceback (outputs are written whole or not at all)."""
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_encode", interrupted)
+    assert cli_main(["encode", "x.jpg", "--random-init", "qwen3-vl-2b", "-o", "out.safetensors"]) == 130
+    assert capsys.readouterr().err == "vitjax: interrupted\n"

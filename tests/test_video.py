@@ -460,6 +460,19 @@ def test_cli_encodes_a_folder_with_videos(checkpoint, clip_file, tmp_path, capsy
     assert "2.embeds" not in tensors and "error" in meta["images"][2]
 
 
+@pytest.mark.parametrize("flags, fps, frames", [([], 2.0, None), (["--num-frames", "4"], None, 4)])
+def test_cli_metadata_names_how_videos_were_sampled(checkpoint, clip_file, tmp_path, flags, fps, frames):
+    """Without --fps or --num-frames the clip is sampled at HF's 2 frames a second, and the metadata says so."""
+    out = tmp_path / "out.safetensors"
+    argv = ["encode", str(clip_file), "--model", str(checkpoint), "--dtype", "float32", "-o", str(out), "--quiet"]
+    assert cli_main([*argv, *flags]) == 0
+    with safe_open(out, "np") as f:
+        meta = json.loads(f.metadata()["vitjax"])
+    assert (meta["fps"], meta["num_frames"]) == (fps, frames)
+    grid = preprocess_video(clip_file, **({"fps": fps} if fps else {"num_frames": frames}))[1]
+    assert meta["images"][0]["grid_thw"] == grid[0].tolist()
+
+
 def test_videos_beside_dali_images(enc, clip_file):
     """With decoder="dali" the images' rows come from DALI and the video's from its own host buffer: the video's
     result is the one decoder="pil" gives."""

@@ -19,6 +19,7 @@ from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
+from vitjax.video import FPS
 
 EPILOG = """examples:
   vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
@@ -238,7 +239,7 @@ def _encode(args: argparse.Namespace) -> int:
             "decoder": decoder,
             "video_min_pixels": settings.video_min_pixels,
             "video_max_pixels": settings.video_max_pixels,
-            "fps": settings.fps,
+            "fps": FPS if settings.fps is None and settings.num_frames is None else settings.fps,  # what sampled
             "num_frames": settings.num_frames,
         }
         try:
@@ -461,6 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"vitjax: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outputs are written whole or not at all (no traceback to show)
+        print("vitjax: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
