@@ -24,18 +24,16 @@ import json
 import pstats
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 from bench_attention import recorder  # bench/ is on sys.path when run as a script
-from bench_vit import RESOLUTIONS
+from bench_timeline import WORKLOADS, device_request, dispatch_and_wall
 
 import vitjax
 from vitjax.buckets import BucketPolicy
 
-WORKLOADS = {"1x720p": (1, "720p"), "20x960x1280": (20, "960x1280")}
 CALLS = 4
 
 
@@ -132,23 +130,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name in args.workloads.split(","):
         count, res = WORKLOADS[name]
-        grids = [RESOLUTIONS[res]] * count
-        rows = sum(t * h * w for t, h, w in grids)
-        pixels = jax.device_put(rng.standard_normal((rows, enc.cfg.patch_dim), np.float32))
-
-        def call(pixels=pixels, grids=grids):
-            return jax.block_until_ready([c.output for c in engine.run(pixels, grids)])
-
+        grids, pixels, call = device_request(engine, rng, count, res)
         call()
         call()
-        dispatch, wall = [], []
-        for _ in range(20 if rows < 10_000 else 10):
-            start = time.perf_counter()
-            outputs = [c.output for c in engine.run(pixels, grids)]
-            dispatch.append(time.perf_counter() - start)
-            jax.block_until_ready(outputs)
-            wall.append(time.perf_counter() - start)
-            del outputs
+        dispatch_ms, wall_ms = dispatch_and_wall(engine, pixels, grids)
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(10):
@@ -170,8 +155,8 @@ def main() -> None:
                 "bench": "host",
                 "workload": name,
                 "attention": enc.attention,
-                "dispatch_ms": float(np.median(dispatch)) * 1e3,
-                "wall_ms": float(np.median(wall)) * 1e3,
+                "dispatch_ms": dispatch_ms,
+                "wall_ms": wall_ms,
                 "calls": stats,
                 "calls_python_traced": traced,
                 "host_events": host_summary(windows[i], marks[i]["ts"], first),

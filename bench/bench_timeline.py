@@ -60,6 +60,33 @@ def timeline(events: list[tuple[str, str, float, float]]) -> dict:
     }
 
 
+def device_request(engine: buckets.Engine, rng: np.random.Generator, count: int, res: str) -> tuple:
+    """(grids, pixels, call): `count` frames of resolution `res` as random pixel rows on the device, and a call of
+    the engine on them that waits for its outputs."""
+    grids = [RESOLUTIONS[res]] * count
+    rows = sum(t * h * w for t, h, w in grids)
+    pixels = jax.device_put(rng.standard_normal((rows, engine.cfg.patch_dim), np.float32))
+
+    def call():
+        return jax.block_until_ready([c.output for c in engine.run(pixels, grids)])
+
+    return grids, pixels, call
+
+
+def dispatch_and_wall(engine: buckets.Engine, pixels: jax.Array, grids: list) -> tuple[float, float]:
+    """Medians (ms) of the host's dispatch (`Engine.run` until it returns) and of the wall time until the outputs are
+    ready, over 20 calls (10 for calls of 10,000 rows or more)."""
+    dispatch, wall = [], []
+    for _ in range(20 if len(pixels) < 10_000 else 10):
+        start = time.perf_counter()
+        outputs = [c.output for c in engine.run(pixels, grids)]
+        dispatch.append(time.perf_counter() - start)
+        jax.block_until_ready(outputs)
+        wall.append(time.perf_counter() - start)
+        del outputs
+    return float(np.median(dispatch)) * 1e3, float(np.median(wall)) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--attention", default=None, help="the tower's attention path (default: the automatic one)")
@@ -74,29 +101,17 @@ def main() -> None:
         cache, private = MODES[mode]
         buckets.LAYOUT_CACHE = cache
         row_views._import_rows = private_views if private else lambda *_: None
-        grids = [RESOLUTIONS[res]] * count
-        rows = sum(t * h * w for t, h, w in grids)
-        pixels = jax.device_put(rng.standard_normal((rows, enc.cfg.patch_dim), np.float32))
-
-        def call(pixels=pixels, grids=grids):
-            return jax.block_until_ready([c.output for c in engine.run(pixels, grids)])
-
+        grids, pixels, call = device_request(engine, rng, count, res)
         call()
-        dispatch, wall = [], []
-        for _ in range(20 if rows < 10_000 else 10):
-            start = time.perf_counter()
-            outputs = [c.output for c in engine.run(pixels, grids)]
-            dispatch.append(time.perf_counter() - start)
-            jax.block_until_ready(outputs)
-            wall.append(time.perf_counter() - start)
+        dispatch_ms, wall_ms = dispatch_and_wall(engine, pixels, grids)
         emit(
             {
                 "bench": "timeline",
                 "workload": name,
                 "attention": enc.attention,
                 "mode": mode,
-                "dispatch_ms": float(np.median(dispatch)) * 1e3,
-                "wall_ms": float(np.median(wall)) * 1e3,
+                "dispatch_ms": dispatch_ms,
+                "wall_ms": wall_ms,
                 **timeline(device_events(call, CALLS)),
             }
         )
