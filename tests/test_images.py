@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from conftest import PHOTOS, TINY
 from PIL import Image, ImageFile
 
 import vitjax
 from vitjax.images import ImageInputError, expand_inputs, load_image, path_error
+from vitjax.video import is_video_path
 
 PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
 
@@ -305,3 +306,21 @@ def test_unsupported_type_and_url():
 def test_explicit_name_is_used(tmp_path):
     with pytest.raises(ImageInputError, match=r"^upload 7 \(cat\.jpg\): empty input"):
         load_image(b"", name="upload 7 (cat.jpg)")
+
+
+class _BytesPath(os.PathLike):
+    """A path-like whose path is bytes, as `os.PathLike` allows."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __fspath__(self) -> bytes:
+        return os.fsencode(self.path)
+
+
+def test_a_path_like_giving_bytes_is_read_as_its_path():
+    """`Path` takes str paths only: a bytes path-like is read as the OS names the file, and costs nothing beside it."""
+    ((name, source),) = expand_inputs([_BytesPath(PHOTOS[0])])
+    assert name == str(PHOTOS[0]) and source == PHOTOS[0]
+    assert np.array_equal(np.asarray(load_image(_BytesPath(PHOTOS[0]))), np.asarray(load_image(PHOTOS[0])))
+    assert not is_video_path(_BytesPath(PHOTOS[0])) and is_video_path(_BytesPath(Path("clip.mp4")))

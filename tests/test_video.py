@@ -436,6 +436,18 @@ def test_a_video_that_fails_midway_leaves_its_batchmates_exact(enc, clip_file, t
         np.testing.assert_allclose(np.asarray(got.features), np.asarray(alone.features), rtol=1e-5, atol=1e-5)
 
 
+def test_a_video_named_twice_fails_as_a_video_under_both_names(enc, clip_file, tmp_path):
+    """One damaged file under two spellings is decoded once; each spelling gets its own `VideoInputError`."""
+    data = clip_file.read_bytes()
+    holed = tmp_path / "holed.mp4"
+    holed.write_bytes(data[:2000] + bytes(3000) + data[5000:])
+    names = [str(holed), str(tmp_path / ".." / tmp_path.name / "holed.mp4")]
+    results = enc.encode([*names, str(PHOTOS[0])], max_pixels=MAX_PIXELS, errors="return")
+    for name, got in zip(names, results, strict=False):
+        assert type(got) is VideoInputError and got.name == name and "cannot decode video" in got.reason, got
+    assert results[2].features.shape[0] > 0
+
+
 def test_cli_encodes_a_folder_with_videos(checkpoint, clip_file, tmp_path, capsys):
     folder = tmp_path / "media"
     folder.mkdir()

@@ -288,7 +288,7 @@ class Encoder:
                     raise value
                 value = ImageInputError(name, str(value))
             if isinstance(value, ImageInputError):
-                value = value if value.name == name else ImageInputError(name, value.reason)
+                value = value if value.name == name else type(value)(name, value.reason)  # a video's stays one
                 if settings.errors == "raise":
                     raise value
                 results.append(value)

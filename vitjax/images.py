@@ -48,14 +48,25 @@ def is_data_uri(source: object) -> bool:
     return isinstance(source, str) and source.startswith("data:")
 
 
+def as_path(source: object) -> object:
+    """A path-like input as a `Path`, anything else as it is: an `os.PathLike` may give its path as bytes, which
+    `Path` refuses (decoded here as the OS names files)."""
+    if isinstance(source, os.PathLike) and not isinstance(source, Path):
+        try:
+            return Path(os.fsdecode(os.fspath(source)))
+        except TypeError:  # its __fspath__ gives no path: loading it names the error
+            return source
+    return source
+
+
 def input_name(source: object, index: int = 0) -> str:
     """How errors name an input: a path names itself, anything else its kind and position among the inputs."""
     if is_data_uri(source):
         return f"<data URI #{index}>"
     if isinstance(source, str) and len(source) > MAX_PATH_CHARS:
         return f"<str #{index}, {len(source)} characters>"
-    if isinstance(source, (str, os.PathLike)):
-        return os.fspath(source)
+    if isinstance(source, (str, Path)) or isinstance(source := as_path(source), Path):
+        return str(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<bytes #{index}>"
     if isinstance(source, Image.Image):
@@ -105,7 +116,8 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
         if isinstance(source, Video):
             pairs.append((video_name(source, index), source))
             continue
-        if isinstance(source, (str, os.PathLike)) and not is_data_uri(source):
+        source = as_path(source)
+        if isinstance(source, (str, Path)) and not is_data_uri(source):
             path = Path(source)
             if _is_dir(path):
                 found = _files_under(path) or [path]
@@ -298,6 +310,7 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
     The result may be `source` itself when that is already an upright RGB PIL image.
     """
     name = name if name is not None else input_name(source, 0)
+    source = as_path(source)
     try:
         if isinstance(source, np.ndarray):
             image = _from_array(source)
@@ -316,7 +329,7 @@ def load_image(source: object, name: str | None = None) -> Image.Image:
             raise ValueError(URL_REFUSED)
         elif isinstance(source, str) and len(source) > MAX_PATH_CHARS:
             raise ValueError("not a path; an encoded image in a string is a data URI: data:image/<type>;base64,...")
-        elif isinstance(source, (str, os.PathLike)):
+        elif isinstance(source, (str, Path)):
             image = _decode(_read_path(Path(source)))
         else:
             raise ValueError(f"unsupported input type {type(source).__name__}")

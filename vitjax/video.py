@@ -20,7 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vitjax.images import VIDEO_EXTENSIONS, ImageInputError, check_pixels, is_data_uri, load_image, missing_reason
+from vitjax.images import (
+    VIDEO_EXTENSIONS,
+    ImageInputError,
+    as_path,
+    check_pixels,
+    is_data_uri,
+    load_image,
+    missing_reason,
+)
 
 # Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
@@ -71,11 +79,9 @@ class Video:
 
 def is_video_path(source: object) -> bool:
     """A path (not a data URI) whose extension names a video container."""
-    return (
-        isinstance(source, (str, os.PathLike))
-        and not is_data_uri(source)
-        and Path(source).suffix.lower() in VIDEO_EXTENSIONS
-    )
+    source = as_path(source)
+    is_path = isinstance(source, (str, Path)) and not is_data_uri(source)
+    return is_path and Path(source).suffix.lower() in VIDEO_EXTENSIONS
 
 
 def video_name(video: Video, index: int = 0) -> str:
