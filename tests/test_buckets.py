@@ -73,7 +73,18 @@ def test_policy_fit_and_plan():
     assert [b for b, _ in plan] == [Bucket(256, 8), Bucket(320, 1), Bucket(64, 1)]
     assert [images for _, images in POLICY.plan([(1, 2, 2)] * 10)] == [list(range(8)), [8, 9]]
     assert POLICY.buckets() == [Bucket(64, 1), Bucket(128, 1), Bucket(256, 1)]  # frames of >= 256 patches
-    assert len(BucketPolicy().buckets()) == 84
+    assert len(BucketPolicy().buckets()) == 100
+
+
+@pytest.mark.parametrize("frame", [256, 300, 1024, 3520, 4800])
+def test_the_warm_up_set_holds_every_call_of_frames_of_the_minimum_size_or_more(frame):
+    """After `warmup()` no call compiles: every call of n frames of at least `MIN_FRAME_TOKENS` patches whose bucket is
+    on the ladders is in the default set (2 x 256 patches: 512 tokens, 4 slots)."""
+    policy = BucketPolicy()
+    warm = set(policy.buckets())
+    for n in range(1, policy.segments[-1] + 1):
+        if n * frame <= policy.tokens[-1]:
+            assert policy.fit(n * frame, n) in warm, (n, frame)
     with pytest.raises(ValueError, match="multiples of 4"):
         BucketPolicy(tokens=(6,))
     for granule in (0, -1024):  # else a call past the ladder would divide by zero, or get a 0-token bucket

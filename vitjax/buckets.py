@@ -148,8 +148,12 @@ class BucketPolicy:
         return [(self.fit(sum(layout.grid_tokens(grids[i]) for i in c), sum(grids[i][0] for i in c)), c) for c in calls]
 
     def buckets(self) -> list[Bucket]:
-        """The default warm-up set: every pair of the ladders whose frames can average `MIN_FRAME_TOKENS`."""
-        return [Bucket(t, s) for t in self.tokens for s in self.segments if s == 1 or s * MIN_FRAME_TOKENS <= t]
+        """The default warm-up set: the first slot rung at every token size, and every other pair of the ladders that a
+        call of frames of at least `MIN_FRAME_TOKENS` patches can land in. A call takes the smallest slot rung holding
+        its frames, so a rung holds calls of one more frame than the rung below it upwards (two 256-patch images: 512
+        tokens in 4 slots)."""
+        fewest = dict(zip(self.segments[1:], (s + 1 for s in self.segments), strict=False))  # frames that need a rung
+        return [Bucket(t, s) for t in self.tokens for s in self.segments if fewest.get(s, 0) * MIN_FRAME_TOKENS <= t]
 
 
 def enable_compilation_cache() -> str | None:
