@@ -5,10 +5,11 @@ policy in a fresh process with an empty compilation cache, then again in a secon
 once per `--min-compile-s` (the shortest compile JAX persists, `buckets.CACHE_MIN_COMPILE_SECONDS`; JAX's own
 default is 1 s), each with its own cache. Each bucket's seconds are one JSON line (printed and
 appended to bench/results/<device>-<date>.jsonl), then each process's sums; `--ladder` names the buckets a
-segment ladder would not have (`new`), so the rows also price a change of ladder. `--taps spare_slot` repeats the
-pair with the deepstack tap write vitjax had before `vitjax.taps` (`bench_vit.TAP_PATHS`).
+segment ladder would not have (`new`), and those the default set had before 2026-11-26 (`in_earlier_set`), so the
+rows also price a change of ladder or set. `--paths previous` repeats the pair on an earlier code path
+(`bench_vit.PATHS`).
 
-    PYTHONPATH=. python bench/bench_warmup.py [--ladder 1,4,16,64] [--min-compile-s 1,0.2] [--taps shipped,spare_slot]
+    PYTHONPATH=. python bench/bench_warmup.py [--ladder 1,4,16,64] [--min-compile-s 1,0.2] [--paths shipped,previous]
 """
 
 from __future__ import annotations
@@ -25,21 +26,19 @@ from pathlib import Path
 PRESET = "qwen3-vl-8b"
 
 
-def child(min_compile_s: float, taps: str) -> None:
+def child(min_compile_s: float, path: str) -> None:
     """One process: build the tower, warm every default bucket, print the seconds per bucket."""
     start = time.perf_counter()
-    from bench_vit import TAP_PATHS
+    from bench_vit import code_path
 
     import vitjax
     from vitjax import buckets
-    from vitjax.model import VisionTower
 
     buckets.CACHE_MIN_COMPILE_SECONDS = min_compile_s
-    VisionTower.run_blocks = TAP_PATHS[taps]
-
-    enc = vitjax.Encoder.random(PRESET)
-    built = time.perf_counter() - start
-    times = enc.warmup(pixel_dtype="bfloat16")
+    with code_path(path):
+        enc = vitjax.Encoder.random(PRESET)
+        built = time.perf_counter() - start
+        times = enc.warmup(pixel_dtype="bfloat16")
     print("TIMES " + json.dumps({"built_s": built, "buckets": [[*b, s] for b, s in times.items()]}), flush=True)
 
 
@@ -47,25 +46,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ladder", default="1,4,16,64", help="the segment ladder to compare with (its buckets: new=false)")
     ap.add_argument("--min-compile-s", default="1,0.2", help="thresholds to compare, comma-separated")
-    ap.add_argument("--taps", default="shipped", help="tap writes to compare, comma-separated (bench_vit.TAP_PATHS)")
+    ap.add_argument("--paths", default="shipped", help="code paths to compare, comma-separated (bench_vit.PATHS)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--child", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     if args.child is not None:
-        child(args.child, args.taps)
+        child(args.child, args.paths)
         return
     from bench_attention import recorder
 
-    from vitjax.buckets import BucketPolicy
+    from vitjax.buckets import MIN_FRAME_TOKENS, BucketPolicy
 
     _, emit = recorder("bench_warmup", args.out)
     old = set(BucketPolicy(segments=tuple(map(int, args.ladder.split(",")))).buckets())
-    pairs = [(float(v), t) for t in args.taps.split(",") for v in args.min_compile_s.split(",")]
-    for threshold, taps, cache in ((v, t, c) for v, t in pairs for c in ("cold", "warm")):
+    # The default set before 2026-11-26: only rungs whose every slot could hold a frame of MIN_FRAME_TOKENS patches.
+    earlier = {b for b in BucketPolicy().buckets() if b.segments == 1 or b.segments * MIN_FRAME_TOKENS <= b.tokens}
+    pairs = [(float(v), t) for t in args.paths.split(",") for v in args.min_compile_s.split(",")]
+    for threshold, path, cache in ((v, t, c) for v, t in pairs for c in ("cold", "warm")):
         if cache == "cold":
             env = {**os.environ, "VITJAX_CACHE_DIR": tempfile.mkdtemp(prefix="vitjax-warmup-")}
-        command = [sys.executable, __file__, "--child", str(threshold), "--taps", taps]
+        command = [sys.executable, __file__, "--child", str(threshold), "--paths", path]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
         if line is None:
@@ -75,11 +76,12 @@ def main() -> None:
             {
                 "cache": cache,
                 "min_compile_s": threshold,
-                **({} if taps == "shipped" else {"taps": taps}),
+                **({} if path == "shipped" else {"path": path}),
                 "tokens": t,
                 "segments": s,
                 "s": secs,
                 "new": (t, s) not in old,
+                "in_earlier_set": (t, s) in earlier,
             }
             for t, s, secs in found["buckets"]
         ]
@@ -87,12 +89,14 @@ def main() -> None:
         summary = {
             "cache": cache,
             "min_compile_s": threshold,
-            **({} if taps == "shipped" else {"taps": taps}),
+            **({} if path == "shipped" else {"path": path}),
             "built_s": found["built_s"],
             "buckets": len(rows),
             "total_s": sum(r["s"] for r in rows),
         }
         summary.update(new_buckets=len(new), new_s=sum(new), ladder_compared=args.ladder)
+        added = [r["s"] for r in rows if not r["in_earlier_set"]]
+        summary.update(buckets_not_in_earlier_set=len(added), not_in_earlier_set_s=sum(added))
         summary["cache_files"] = sum(1 for f in Path(env["VITJAX_CACHE_DIR"]).rglob("*") if f.is_file())
         for row in [*rows, summary]:
             emit(row)
