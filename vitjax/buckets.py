@@ -525,12 +525,13 @@ class Engine:
         chunks are zero-copy row views; a partial one is a chunk-sized window of the array rotated and masked
         by one executable per chunk size (the array holds at least one chunk)."""
         full, part = divmod(rows, chunk)
-        window = min(row + full * chunk, pixels.shape[0] - chunk)  # a whole chunk of the array holding the part
-        views = row_views(pixels, [(row + i * chunk, chunk) for i in range(full)] + [(window, chunk)] * (part > 0))
-        pieces = views[:full]
+        spans = [(row + i * chunk, chunk) for i in range(full)]
+        if part:  # the last rows: a whole chunk of the array that holds them, rotated and masked
+            window = min(row + full * chunk, pixels.shape[0] - chunk)
+            spans.append((window, chunk))
+        pieces = row_views(pixels, spans)
         if part:
-            offset = row + full * chunk - window
-            pieces.append(_partial_chunk(views[-1], self._count(offset), self._count(part)))
+            pieces[-1] = _partial_chunk(pieces[-1], self._count(row + full * chunk - window), self._count(part))
         padding = tokens // chunk - len(pieces)
         return (*pieces, *[self._zero(self.devices[0], chunk, np.dtype(pixels.dtype))] * padding)
 

@@ -65,7 +65,8 @@ def input_name(source: object, index: int = 0) -> str:
         return f"<data URI #{index}>"
     if isinstance(source, str) and len(source) > MAX_PATH_CHARS:
         return f"<str #{index}, {len(source)} characters>"
-    if isinstance(source, (str, Path)) or isinstance(source := as_path(source), Path):
+    source = as_path(source)
+    if isinstance(source, (str, Path)):
         return str(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<bytes #{index}>"
