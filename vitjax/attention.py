@@ -44,10 +44,9 @@ FA4_VERIFIED = ("0.1.0",)
 
 @dataclasses.dataclass(frozen=True)
 class Fa4Tile:
-    """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 to 4 of
-    them, 4 through `fa4_wide`), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs')
-    or through shared memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages
-    when not 2)."""
+    """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
+    them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
+    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
 
     m: int
     n: int
@@ -291,12 +290,7 @@ def _route_fa4_schedules() -> None:
 def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int, aux: bool):
     """The Hopper forward kernel object for one schedule; refused before launch when its buffers do not fit in
     shared memory (an oversized launch fails inside CUDA and poisons the context)."""
-    if tile.m == 256:
-        from vitjax.fa4_wide import wide_forward_class
-
-        FlashAttentionForwardSm90 = wide_forward_class()
-    else:
-        from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+    from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
     threads = (tile.m // 64 + 1) * 128  # one MMA warpgroup per 64 rows, plus the producer's
     args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
