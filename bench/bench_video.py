@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 import av
+import code_revision  # bench/ is on sys.path when run as a script
 import numpy as np
-from bench_vit import median_time  # bench/ is on sys.path when run as a script
+from bench_vit import median_time
 from PIL import Image
 
 from vitjax.preprocess import preprocess_video
@@ -58,6 +59,7 @@ def main() -> None:
 
     meta = {"device": args.device, "machine": platform.machine(), "date": datetime.date.today().isoformat()}
     meta["run"] = datetime.datetime.now().isoformat(timespec="seconds")
+    meta.update(code_revision.revision())
     for name in ("numpy", "av", "torch", "torchvision", "transformers"):
         meta[name] = md.version(name)
     processor = Qwen3VLVideoProcessor(cap_pixels_per_frame=True)

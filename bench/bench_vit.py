@@ -37,6 +37,7 @@ from pathlib import Path
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
 
+import code_revision  # noqa: E402  (bench/ is on sys.path when run as a script)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -281,6 +282,7 @@ def versions() -> dict:
             out[name] = None
     out["date"] = datetime.date.today().isoformat()
     out["run"] = datetime.datetime.now().isoformat(timespec="seconds")  # several runs may share a day's file
+    out.update(code_revision.revision())  # which code ran: bench/code_revision.py maps the digest to a commit
     return out
 
 
