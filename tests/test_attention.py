@@ -8,7 +8,9 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY
 
+import vitjax
 from vitjax import attention, layout
 
 
@@ -57,6 +59,36 @@ def test_default_implementation(monkeypatch):
     with pytest.raises(ValueError, match="unknown attention implementation"):
         attention.default_implementation()
     assert attention.cudnn_packed_available() is False
+
+
+def test_float32_towers_run_xlas_path(monkeypatch):
+    """fa4's and cuDNN's kernels take 16-bit inputs only (fa4 raised "FA4 kernels take fp16/bf16 only" from inside a
+    float32 Encoder's first compile on an H200): the automatic choice gives a float32 tower XLA's path, and a flash
+    path named for one is refused up front, naming the setting."""
+    monkeypatch.delenv(attention.ENV_VAR, raising=False)
+    attention._auto.cache_clear()
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention, "_capabilities", lambda: ["9.0"])
+    monkeypatch.setattr(attention, "fa4_version", lambda: attention.FA4_VERIFIED[0])
+    try:
+        assert [attention.default_implementation(d) for d in (None, "bfloat16", "float16")] == ["fa4"] * 3
+        assert attention.default_implementation("float32") == attention.default_implementation(np.float32)
+        assert attention.default_implementation("float32") == "reference"
+        assert attention.check_implementation("reference", "float32") == "reference"
+        for impl in ("fa4", "cudnn_packed", "cudnn_padded"):
+            with pytest.raises(ValueError, match=f"attention '{impl}' takes bfloat16 or float16 towers, not float32"):
+                attention.check_implementation(impl, "float32")
+        monkeypatch.setenv(attention.ENV_VAR, "fa4")
+        with pytest.raises(ValueError, match=r"\$VITJAX_ATTENTION 'fa4' takes bfloat16 or float16 towers"):
+            attention.default_implementation("float32")
+    finally:
+        attention._auto.cache_clear()
+
+
+def test_an_encoder_names_the_dtype_a_flash_path_refuses():
+    with pytest.raises(ValueError, match="attention 'cudnn_packed' takes bfloat16 or float16 towers, not float32"):
+        vitjax.Encoder.random(TINY["hd64"], dtype="float32", attention="cudnn_packed")
+    assert vitjax.Encoder.random(TINY["hd64"], dtype="float32", attention="reference").attention == "reference"
 
 
 def test_select_implementation():

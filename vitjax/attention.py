@@ -40,6 +40,8 @@ FA4_MAX_SEGMENTS = 64
 CUDNN_PACKED_VERIFIED = ("0.11.2",)
 # fa4-jax releases whose Hopper kernel was run and checked against the reference on a GPU.
 FA4_VERIFIED = ("0.1.0",)
+# What the flash kernels take (fa4's and cuDNN's); a tower in another dtype (float32) runs XLA's path.
+FLASH_DTYPES = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +150,13 @@ def _auto() -> str:
     return impl
 
 
-def default_implementation() -> str:
-    """`$VITJAX_ATTENTION` if set, else `select_implementation` for this process's devices and packages."""
+def default_implementation(dtype=None) -> str:
+    """`$VITJAX_ATTENTION` if set, else `select_implementation` for this process's devices and packages; for a
+    `dtype` the flash kernels do not take (float32), XLA's path."""
     chosen = os.environ.get(ENV_VAR)
-    return check_implementation(chosen) if chosen else _auto()
+    if chosen:
+        return check_implementation(chosen, dtype, f"${ENV_VAR}")
+    return _auto() if dtype is None or jnp.dtype(dtype).name in FLASH_DTYPES else "reference"
 
 
 def bucket_implementation(impl: str, segments: int, automatic: bool) -> str:
@@ -175,9 +180,15 @@ def fa4_available() -> bool:
     return gpu and select_implementation("gpu", _capabilities(), fa4_version(), False) == "fa4"
 
 
-def check_implementation(impl: str) -> str:
+def check_implementation(impl: str, dtype=None, setting: str = "attention") -> str:
+    """`impl` if it can run here on towers of `dtype` (any, when None), else a ValueError naming `setting`."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
+    if impl != "reference" and dtype is not None and jnp.dtype(dtype).name not in FLASH_DTYPES:
+        raise ValueError(
+            f"{setting} {impl!r} takes {' or '.join(FLASH_DTYPES)} towers, not {jnp.dtype(dtype).name}; "
+            "use 'reference' (XLA) or leave the choice to vitjax"
+        )
     if impl == "cudnn_packed" and _packed_entry() is None:
         raise ValueError(f"cudnn_packed needs JAX {' or '.join(CUDNN_PACKED_VERIFIED)} (found {jax.__version__})")
     if impl == "fa4" and fa4_version() is None:

@@ -93,9 +93,10 @@ class Encoder:
         picked = pick_devices(devices)
         # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's.
         auto = all(d.platform == "gpu" for d in picked) or os.environ.get(ATTENTION_ENV)
-        self.attention = (
-            check_implementation(attention) if attention else default_implementation() if auto else "reference"
-        )
+        if attention:
+            self.attention = check_implementation(attention, self.dtype)
+        else:  # the flash paths take 16-bit towers only: a float32 one runs XLA's
+            self.attention = default_implementation(self.dtype) if auto else "reference"
         self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
         self.cache = EmbeddingCache(cache_bytes)
         self.images_encoded = 0
