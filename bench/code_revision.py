@@ -1,9 +1,8 @@
 """Which code a benchmark row measured, recorded in the row itself.
 
-The GPU machine gets a copy of the working tree without `.git`, so a commit cannot be read there; what can be is
-the code. Every row carries `code`, a digest of the Python files under vitjax/, bridge/ and bench/ (paths and
-contents), and, where the tree is a git checkout, `commit` and whether those folders differ from it (`dirty`).
-A row's digest names its commit here:
+The GPU machine gets a copy of the working tree whose `.git`, where there is one, is not the tree's (one said
+d5b99fa, dirty, of a tree at 98c1aff), so rows record the code instead: `code`, a digest of the Python files under
+vitjax/, bridge/ and bench/ (paths and contents). A row's digest names its commit here:
 
     python bench/code_revision.py [REV ...]      # the digest of each commit (default: the working tree)
 """
@@ -56,14 +55,8 @@ def commit_files(rev: str) -> list[tuple[str, bytes]]:
 
 
 def revision() -> dict:
-    """{"code": digest of the tree, "commit": HEAD or None, "dirty": the folders differ from HEAD (None: no git)}."""
-    commit = _git("rev-parse", "--short", "HEAD")
-    status = _git("status", "--porcelain", "--", *FOLDERS) if commit else None
-    return {
-        "code": digest(tree_files()),
-        "commit": commit.strip() if commit else None,
-        "dirty": bool(status.strip()) if status is not None else None,
-    }
+    """{"code": the digest of this tree's vitjax/, bridge/ and bench/}."""
+    return {"code": digest(tree_files())}
 
 
 def main() -> None:
@@ -71,7 +64,7 @@ def main() -> None:
     ap.add_argument("revs", nargs="*", help="commits (default: the working tree)")
     args = ap.parse_args()
     if not args.revs:
-        print(revision())
+        print(revision()["code"])
     for rev in args.revs:
         print(rev, digest(commit_files(rev)))
 
