@@ -110,6 +110,27 @@ def test_tower_matches_hf(towers):
             assert cos > 0.999, (names[0], impl, cos)
 
 
+def test_float32_and_float16_towers_match_hf(towers):
+    """The towers in the other dtypes SGLang serves in: float16 takes the automatic flash path, float32 XLA's (the
+    flash kernels take 16-bit inputs; a float32 encoder once failed in fa4 on its first compile)."""
+    import vitjax
+
+    cfg, hf, hf32, encoders = towers
+    params = jax.tree.map(np.asarray, encoders[next(iter(encoders))].params())
+    tokens = sum(layout.grid_tokens(g) for g in GRIDS)
+    pixels = np.random.default_rng(3).standard_normal((tokens, cfg.patch_dim), dtype=np.float32)
+    ref, hf_bf16 = _hf(hf32, pixels, torch.float32), _hf(hf, pixels, torch.bfloat16)
+    for dtype, impl, most in (("float16", attention.default_implementation(), 1.0), ("float32", "reference", 0.25)):
+        enc = vitjax.Encoder.from_params(cfg, params, dtype=dtype, cache_bytes=0)
+        assert enc.attention == impl, (dtype, enc.attention)
+        outs = enc.encode_patches(pixels, np.array(GRIDS))
+        for i, (start, rows) in enumerate(layout.split_points(GRIDS)):
+            _, hf_mae = _cos_mae(hf_bf16[start : start + rows], ref[start : start + rows])
+            cos, mae = _cos_mae(np.asarray(outs[i], np.float32), ref[start : start + rows])
+            print(f"image {i} {GRIDS[i]} {dtype} ({impl}): cos {cos:.6f} mae {mae:.3e} | HF bf16 mae {hf_mae:.3e}")
+            assert cos > 0.9999 and mae <= most * hf_mae, (dtype, i, cos, mae, hf_mae)
+
+
 def test_fitted_bucket_matches_hf(towers):
     """A repeated request moves to its fitted bucket (4 x 720p: 14,336 tokens instead of the ladder's 16,384) and
     keeps the ladder bucket's accuracy against HF fp32."""
