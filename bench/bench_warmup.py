@@ -7,12 +7,9 @@ default is 1 s), each with its own cache. Each bucket's seconds are one JSON lin
 appended to bench/results/<device>-<date>.jsonl), then each process's sums; `--ladder` names the buckets a
 segment ladder would not have (`new`), and those the default set had before 2026-11-26 (`in_earlier_set`), so the
 rows also price a change of ladder or set. `--paths previous` repeats the pair on an earlier code path
-(`bench_vit.PATHS`); `--threads 1,8` repeats it for each number of buckets compiled at once (`Engine.warmup`), and
-`--time-call` then times the 20-photo call (20 x 960x1280, device-resident bf16 rows, the warmed ladder bucket) in
-each process, which is where a warm-up whose compiles ran side by side would show GEMM autotuning gone astray.
+(`bench_vit.PATHS`).
 
     PYTHONPATH=. python bench/bench_warmup.py [--ladder 1,4,16,64] [--min-compile-s 1,0.2] [--paths shipped,previous]
-        [--threads 1,8] [--time-call]
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ from pathlib import Path
 PRESET = "qwen3-vl-8b"
 
 
-def child(min_compile_s: float, path: str, threads: int, time_call: bool) -> None:
-    """One process: build the tower, warm every default bucket, print the seconds per bucket (and the 20-photo
-    call's device-only ms)."""
+def child(min_compile_s: float, path: str) -> None:
+    """One process: build the tower, warm every default bucket, print the seconds per bucket."""
     start = time.perf_counter()
     from bench_vit import code_path
 
@@ -40,31 +36,10 @@ def child(min_compile_s: float, path: str, threads: int, time_call: bool) -> Non
 
     buckets.CACHE_MIN_COMPILE_SECONDS = min_compile_s
     with code_path(path):
-        enc = vitjax.Encoder.random(PRESET, buckets=buckets.BucketPolicy(fit_granule=0))  # calls stay on the ladder
+        enc = vitjax.Encoder.random(PRESET)
         built = time.perf_counter() - start
-        start = time.perf_counter()
-        times = enc.warmup(pixel_dtype="bfloat16", threads=threads)
-        found = {"built_s": built, "warmup_s": time.perf_counter() - start}
-        if time_call:
-            found["call_ms"] = photos_call_ms(enc)
-    print("TIMES " + json.dumps({**found, "buckets": [[*b, s] for b, s in times.items()]}), flush=True)
-
-
-def photos_call_ms(enc, calls: int = 7) -> list[float]:
-    """Device-only ms of the 20 x 960x1280 call, `calls` times (the first may still load kernels)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    grids = np.array([(1, 60, 80)] * 20)
-    rows = np.random.default_rng(0).standard_normal((20 * 4800, enc.cfg.patch_dim), dtype=np.float32)
-    pixels = jax.block_until_ready(jax.device_put(rows.astype(jnp.bfloat16), enc.parallel.engines[0].devices[0]))
-    out = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(enc.encode_patches(pixels, grids))
-        out.append((time.perf_counter() - start) * 1e3)
-    return out
+        times = enc.warmup(pixel_dtype="bfloat16")
+    print("TIMES " + json.dumps({"built_s": built, "buckets": [[*b, s] for b, s in times.items()]}), flush=True)
 
 
 def main() -> None:
@@ -72,14 +47,12 @@ def main() -> None:
     ap.add_argument("--ladder", default="1,4,16,64", help="the segment ladder to compare with (its buckets: new=false)")
     ap.add_argument("--min-compile-s", default="1,0.2", help="thresholds to compare, comma-separated")
     ap.add_argument("--paths", default="shipped", help="code paths to compare, comma-separated (bench_vit.PATHS)")
-    ap.add_argument("--threads", default="1", help="buckets compiled at once, comma-separated values to compare")
-    ap.add_argument("--time-call", action="store_true", help="also the 20-photo call after each warm-up")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--child", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     if args.child is not None:
-        child(args.child, args.paths, int(args.threads), args.time_call)
+        child(args.child, args.paths)
         return
     from bench_attention import recorder
 
@@ -89,18 +62,11 @@ def main() -> None:
     old = set(BucketPolicy(segments=tuple(map(int, args.ladder.split(",")))).buckets())
     # The default set before 2026-11-26: only rungs whose every slot could hold a frame of MIN_FRAME_TOKENS patches.
     earlier = {b for b in BucketPolicy().buckets() if b.segments == 1 or b.segments * MIN_FRAME_TOKENS <= b.tokens}
-    runs = [
-        (float(v), t, int(n), c)
-        for t in args.paths.split(",")
-        for v in args.min_compile_s.split(",")
-        for n in args.threads.split(",")
-        for c in ("cold", "warm")
-    ]
-    for threshold, path, threads, cache in runs:
+    pairs = [(float(v), t) for t in args.paths.split(",") for v in args.min_compile_s.split(",")]
+    for threshold, path, cache in ((v, t, c) for v, t in pairs for c in ("cold", "warm")):
         if cache == "cold":
             env = {**os.environ, "VITJAX_CACHE_DIR": tempfile.mkdtemp(prefix="vitjax-warmup-")}
-        command = [sys.executable, __file__, "--child", str(threshold), "--paths", path, "--threads", str(threads)]
-        command += ["--time-call"] if args.time_call else []
+        command = [sys.executable, __file__, "--child", str(threshold), "--paths", path]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
         if line is None:
@@ -111,7 +77,6 @@ def main() -> None:
                 "cache": cache,
                 "min_compile_s": threshold,
                 **({} if path == "shipped" else {"path": path}),
-                "threads": threads,
                 "tokens": t,
                 "segments": s,
                 "s": secs,
@@ -125,12 +90,9 @@ def main() -> None:
             "cache": cache,
             "min_compile_s": threshold,
             **({} if path == "shipped" else {"path": path}),
-            "threads": threads,
             "built_s": found["built_s"],
-            "warmup_s": found["warmup_s"],
             "buckets": len(rows),
             "total_s": sum(r["s"] for r in rows),
-            **({"call_ms": found["call_ms"]} if "call_ms" in found else {}),
         }
         summary.update(new_buckets=len(new), new_s=sum(new), ladder_compared=args.ladder)
         added = [r["s"] for r in rows if not r["in_earlier_set"]]

@@ -300,20 +300,6 @@ def test_request_over_largest_bucket_is_split(enc):
         row += n
 
 
-def test_a_threaded_warm_up_compiles_each_bucket_once():
-    """Compiles in several threads, runs in order: every bucket built once, and the calls after it compile nothing
-    and equal those of an engine warmed one bucket at a time."""
-    warm = [Bucket(t, s) for t in POLICY.tokens for s in POLICY.segments]
-    threaded, one_by_one = _random_encoder(), _random_encoder()
-    assert list(threaded.warmup(warm, threads=4)) == warm and threaded.parallel.compiles == len(warm)
-    one_by_one.warmup(warm, threads=1)
-    for grids in REQUESTS:
-        x = pixels_for(grids, CFG, seed=6)
-        for a, b in zip(*(e.encode_patches(x, np.array(grids)) for e in (threaded, one_by_one)), strict=True):
-            np.testing.assert_array_equal(a, b)
-    assert threaded.parallel.compiles == len(warm)
-
-
 def test_device_resident_pixels(monkeypatch):
     """Pixels already on the device (the SGLang bridge's case) give the host path's outputs, and a new request
     size compiles nothing: full chunks are row views, the partial one is one executable per chunk size."""

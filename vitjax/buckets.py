@@ -80,9 +80,6 @@ FIT_SIGHTINGS = 256
 # and it with the next calls +50 to +360 ms. While a fitted compile runs the interval is at most this instead: +1 to
 # +14 ms and -1 to +70 ms; the compile takes up to 50% longer (bench/NOTES.md).
 FIT_SWITCH_INTERVAL = 0.0001
-# Buckets a warm-up compiles at once: XLA compiles without Python's lock, so a start compiles on several cores while
-# the buckets that are ready run one by one (set after measuring on an H200, bench/NOTES.md).
-WARMUP_THREADS = 1
 # Per-executable XLA options (the user's global flags stay untouched): cuBLASLt rather than XLA's Triton
 # GEMMs fuses the bias and the MLP's GELU into the matmuls: -6% tower time on an H200 (bench/NOTES.md).
 COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cublaslt": True}
@@ -396,48 +393,28 @@ class Engine:
         return not concurrent.futures.wait(pending, timeout).not_done
 
     def warmup(
-        self,
-        buckets: Iterable[Bucket] | None = None,
-        pixel_dtype: np.dtype = np.float32,
-        run: bool = True,
-        threads: int | None = None,
+        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32, run: bool = True
     ) -> dict[Bucket, float]:
-        """Compile (or load from the persistent cache) each bucket now, `threads` at a time (default
-        `WARMUP_THREADS`), and with `run` execute each once, in order, on a near-empty call (first executions
-        load kernels and build cuDNN plans); returns seconds per bucket: its compile, then its run."""
+        """Compile (or load from the persistent cache) each bucket now, and with `run` execute it once on a
+        near-empty call (first executions load kernels and build cuDNN plans); returns seconds per bucket."""
         times = {}
         pixel_dtype = _pixel_dtype(np.empty(0, pixel_dtype))  # integer pixels run the float32 program
-        todo = [Bucket(*b) for b in (self.policy.buckets() if buckets is None else buckets)]
-
-        def build(b: Bucket) -> tuple[jax.stages.Compiled, float]:
+        for b in self.policy.buckets() if buckets is None else buckets:
+            b = Bucket(*b)
             start = time.perf_counter()
             exe = self.executable(b, pixel_dtype, self._max_length(b, b.tokens // b.segments))
-            return exe, time.perf_counter() - start
-
-        with concurrent.futures.ThreadPoolExecutor(max(1, threads or WARMUP_THREADS)) as pool:
-            built = []
-            for b in todo:
-                built.append(pool.submit(build, b))
-                if len(built) == 1:  # alone: the first compile sets up what the others share (fa4's kernel build)
-                    built[0].result()
-            for b, future in zip(todo, built, strict=True):
-                exe, seconds = future.result()
-                start = time.perf_counter()
-                if run:
-                    self._run_once(exe, b, pixel_dtype)
-                times[b] = seconds + time.perf_counter() - start
+            if run:
+                grids = [(1, self.cfg.spatial_merge_size, self.cfg.spatial_merge_size)]
+                rows = layout.grid_tokens(grids[0])
+                pixels = np.zeros((rows, self.cfg.patch_dim), pixel_dtype)
+                jax.block_until_ready(exe(self._state, *self._inputs(pixels, 0, rows, grids, b)))
+                if len(self.devices) == 1:  # device-resident requests' partial chunk (else +0.1 s on first use)
+                    window = np.zeros((self._chunk_rows(b.tokens), self.cfg.patch_dim), pixel_dtype)
+                    jax.block_until_ready(
+                        _partial_chunk(jax.device_put(window, self.devices[0]), *[self._count(0)] * 2)
+                    )
+            times[b] = time.perf_counter() - start
         return times
-
-    def _run_once(self, exe: jax.stages.Compiled, bucket: Bucket, pixel_dtype: np.dtype) -> None:
-        """A near-empty call of `bucket`, and on one device the partial-chunk program device-resident requests use
-        (else +0.1 s on first use)."""
-        grids = [(1, self.cfg.spatial_merge_size, self.cfg.spatial_merge_size)]
-        rows = layout.grid_tokens(grids[0])
-        pixels = np.zeros((rows, self.cfg.patch_dim), pixel_dtype)
-        jax.block_until_ready(exe(self._state, *self._inputs(pixels, 0, rows, grids, bucket)))
-        if len(self.devices) == 1:
-            window = np.zeros((self._chunk_rows(bucket.tokens), self.cfg.patch_dim), pixel_dtype)
-            jax.block_until_ready(_partial_chunk(jax.device_put(window, self.devices[0]), *[self._count(0)] * 2))
 
     def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
         """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel

@@ -165,15 +165,11 @@ class Encoder:
         return layout.check_patches(pixel_values.shape, grid_thw, self.cfg.patch_dim, self.cfg.spatial_merge_size)
 
     def warmup(
-        self,
-        buckets: Iterable[Bucket] | None = None,
-        pixel_dtype: str = "float32",
-        run: bool = True,
-        threads: int | None = None,
+        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str = "float32", run: bool = True
     ) -> dict[Bucket, float]:
-        """Compile the bucket executables now (default: every bucket of the policy), `threads` at a time, or load
-        them from the persistent compilation cache, and run each once; returns seconds per bucket."""
-        return self.parallel.warmup(buckets, np.dtype(pixel_dtype), run, threads)
+        """Compile the bucket executables now (default: every bucket of the policy) or load them from the
+        persistent compilation cache, and run each once; returns seconds per bucket."""
+        return self.parallel.warmup(buckets, np.dtype(pixel_dtype), run)
 
     def run_packed(self, pixel_values: jax.Array | np.ndarray, packed: layout.Packed) -> jax.Array:
         """One unbucketed tower call on an already packed sequence (compiled per shape): `[T/4, output_width]`."""

@@ -88,12 +88,10 @@ class DataParallel:
         """`work` on every item, in the device threads when there are several devices."""
         return [work(items[0])] if self._pool is None else list(self._pool.map(work, items))
 
-    def warmup(
-        self, buckets: Iterable[Bucket] | None, pixel_dtype: np.dtype, run: bool, threads: int | None = None
-    ) -> dict[Bucket, float]:
+    def warmup(self, buckets: Iterable[Bucket] | None, pixel_dtype: np.dtype, run: bool) -> dict[Bucket, float]:
         """Every engine's warm-up, devices in parallel; seconds per bucket on the slowest device."""
         buckets = None if buckets is None else list(buckets)
-        times = self._map(lambda e: e.warmup(buckets, pixel_dtype, run, threads), self.engines)
+        times = self._map(lambda e: e.warmup(buckets, pixel_dtype, run), self.engines)
         return {b: max(t[b] for t in times) for b in times[0]}
 
     def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
