@@ -65,6 +65,8 @@ MANY = [
     ("100x512x512", 100, (1, 32, 32)),
     ("65x512x768", 65, (1, 48, 32)),
 ]
+# Several GPUs (`--scaling`): many images for data parallelism, one huge image for Ulysses (65,536 patches).
+SCALING = [("64x1080p", 64, (1, 68, 120)), ("1x4096x4096", 1, (1, 256, 256))]
 SWEEP_COUNTS = (1, 2, 4, 8, 16, 32)
 SWEEP_RES = ("720p", "1080p", "2k")
 MIN_ENERGY_WINDOW_S = 1.0  # the shortest window the energy counter is read over (see GpuSampler)
@@ -72,7 +74,7 @@ SHIPPED_TILES = dict(FA4_TILES)  # fa4 schedules as the library ships them (a ru
 
 
 def workloads(
-    sweep: bool, smoke: bool, video: bool = False, many: bool = False
+    sweep: bool, smoke: bool, video: bool = False, many: bool = False, scaling: bool = False
 ) -> list[tuple[str, list[tuple[int, int, int]]]]:
     res = {k: (1, h // 8 * 2, w // 8 * 2) for k, (_, h, w) in RESOLUTIONS.items()} if smoke else RESOLUTIONS
     items = [(name, [res[r]] * n) for name, n, r in MAIN]
@@ -80,6 +82,8 @@ def workloads(
         items += [(name, [(t, h // 8 * 2, w // 8 * 2) if smoke else (t, h, w)]) for name, (t, h, w) in CLIPS]
     if many:
         items += [(name, [(1, h // 8 * 2, w // 8 * 2) if smoke else (t, h, w)] * n) for name, n, (t, h, w) in MANY]
+    if scaling:
+        items += [(name, [(1, h // 8 * 2, w // 8 * 2) if smoke else (t, h, w)] * n) for name, n, (t, h, w) in SCALING]
     if sweep:
         items += [(f"{n}x{r}", [res[r]] * n) for r in SWEEP_RES for n in SWEEP_COUNTS]
     seen, out = set(), []
@@ -645,6 +649,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also 1..32 images at 720p, 1080p and 2K")
     ap.add_argument("--video", action="store_true", help="also clips of 60 to 257 s at HF's video defaults")
     ap.add_argument("--many", action="store_true", help="also requests of 65 to 200 images of one size")
+    ap.add_argument("--scaling", action="store_true", help="also 64 x 1080p and one 4096x4096 image (several GPUs)")
+    ap.add_argument("--workloads", help="run only these workloads, comma-separated names (e.g. 20x960x1280)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
@@ -714,7 +720,12 @@ def main() -> None:
         with out_file.open("a") as f:
             f.write(line + "\n")
 
-    items = workloads(args.sweep, args.smoke, args.video, args.many)
+    items = workloads(args.sweep, args.smoke, args.video, args.many, args.scaling)
+    if args.workloads:
+        wanted = args.workloads.split(",")
+        if unknown := set(wanted) - {name for name, _ in items}:
+            raise SystemExit(f"--workloads: no workload {sorted(unknown)} among {[name for name, _ in items]}")
+        items = [(name, grids) for name, grids in items if name in wanted]
     most = max(sum(t * h * w for t, h, w in g) for _, g in items)
     pool = np.random.default_rng(0).standard_normal((most, 1536), dtype=np.float32)
     work = Path(tempfile.mkdtemp(prefix="vitjax-bench-"))
