@@ -49,9 +49,8 @@ def commit_files(rev: str) -> list[tuple[str, bytes]]:
     if listing is None:
         raise SystemExit(f"code_revision: no commit {rev!r} here")
     paths = [p for p in listing.splitlines() if p.endswith(".py")]
-    return [
-        (p, subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{p}"], capture_output=True).stdout) for p in paths
-    ]
+    show = ["git", "-C", str(ROOT), "show"]
+    return [(p, subprocess.run([*show, f"{rev}:{p}"], capture_output=True, check=True).stdout) for p in paths]
 
 
 def revision() -> dict:

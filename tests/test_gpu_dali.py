@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import TINY, assert_close_to_scale
-from test_dali import CASES, LEVEL, SMALL, bad_inputs, dali_rows, jpeg
+from PIL import Image
+from test_dali import CASES, LEVEL, PHOTOS, SMALL, bad_inputs, dali_rows, jpeg
 from test_gpu_parity import _cos_mae, _gpu
 
 import vitjax
@@ -73,9 +74,6 @@ def test_auto_is_dali_and_embeddings_match_pil(enc):
 def test_corrupt_files_are_refused_and_the_rest_of_the_batch_is_kept(enc, tmp_path):
     """A stray marker in the scan (PIL refuses it; DALI would decode garbage) and bogus Huffman tables (DALI
     refuses), round after round, beside a good JPEG; then every bad file of the CPU twin, each named."""
-    from PIL import Image
-    from test_dali import PHOTOS
-
     good = jpeg(Image.open(PHOTOS[2]).convert("RGB"))
     scan = good.index(b"\xff\xda")
     stray = good[: scan + 3000] + b"\xff\xc8" + good[scan + 3002 :]

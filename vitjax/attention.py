@@ -29,6 +29,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 IMPLEMENTATIONS = ("fa4", "cudnn_packed", "cudnn_padded", "reference")
 ENV_VAR = "VITJAX_ATTENTION"
@@ -150,7 +151,7 @@ def _auto() -> str:
     return impl
 
 
-def default_implementation(dtype=None) -> str:
+def default_implementation(dtype: DTypeLike | None = None) -> str:
     """`$VITJAX_ATTENTION` if set, else `select_implementation` for this process's devices and packages; for a
     `dtype` the flash kernels do not take (float32), XLA's path."""
     chosen = os.environ.get(ENV_VAR)
@@ -180,7 +181,7 @@ def fa4_available() -> bool:
     return gpu and select_implementation("gpu", _capabilities(), fa4_version(), False) == "fa4"
 
 
-def check_implementation(impl: str, dtype=None, setting: str = "attention") -> str:
+def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str = "attention") -> str:
     """`impl` if it can run here on towers of `dtype` (any, when None), else a ValueError naming `setting`."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
