@@ -650,7 +650,9 @@ def main() -> None:
     ap.add_argument("--video", action="store_true", help="also clips of 60 to 257 s at HF's video defaults")
     ap.add_argument("--many", action="store_true", help="also requests of 65 to 200 images of one size")
     ap.add_argument("--scaling", action="store_true", help="also 64 x 1080p and one 4096x4096 image (several GPUs)")
-    ap.add_argument("--workloads", help="run only these workloads, comma-separated names (e.g. 20x960x1280)")
+    ap.add_argument(
+        "--workloads", help="run only these of the workloads the other options give, comma-separated (e.g. 64x1080p)"
+    )
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")

@@ -2,7 +2,8 @@
 
 The GPU machine gets a copy of the working tree whose `.git`, where there is one, is not the tree's (one said
 d5b99fa, dirty, of a tree at 98c1aff), so rows record the code instead: `code`, a digest of the Python files under
-vitjax/, bridge/ and bench/ (paths and contents). A row's digest names its commit here:
+vitjax/, bridge/ and bench/ (paths and contents; untracked ones count, since they ran too, so a row made beside a
+stray script matches no commit). A row's digest names its commit here:
 
     python bench/code_revision.py [REV ...]      # the digest of each commit (default: the working tree)
 """
@@ -50,7 +51,10 @@ def commit_files(rev: str) -> list[tuple[str, bytes]]:
         raise SystemExit(f"code_revision: no commit {rev!r} here")
     paths = [p for p in listing.splitlines() if p.endswith(".py")]
     show = ["git", "-C", str(ROOT), "show"]
-    return [(p, subprocess.run([*show, f"{rev}:{p}"], capture_output=True, check=True).stdout) for p in paths]
+    try:
+        return [(p, subprocess.run([*show, f"{rev}:{p}"], capture_output=True, check=True).stdout) for p in paths]
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"code_revision: git show {rev}: {e.stderr.decode().strip()}") from None
 
 
 def revision() -> dict:

@@ -78,13 +78,14 @@ def warmup_buckets(policy: BucketPolicy, environ: Mapping[str, str] | None = Non
     return [b for b in policy.buckets() if b.tokens in sizes]
 
 
-def check_attention(environ: Mapping[str, str]) -> None:
-    """`VITJAX_ATTENTION`, if set, names an attention path this process can run (the tower reads it at load)."""
+def check_attention(environ: Mapping[str, str], dtype: str | None = None) -> None:
+    """`VITJAX_ATTENTION`, if set, names an attention path this process can run on a tower of `dtype` (SGLang's
+    `--dtype`; None: one the flash paths take), which the tower reads at load."""
     from vitjax.attention import ENV_VAR, check_implementation
 
     if value := environ.get(ENV_VAR):
         try:
-            check_implementation(value)
+            check_implementation(value, dtype)
         except ValueError as e:
             raise ValueError(f"{ENV_VAR}={value!r}: {e}") from None
 
@@ -107,8 +108,9 @@ def current() -> str:
     return value
 
 
-def configure(backend: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Write the environment for `backend` (unless the user already set a variable); return what was set."""
+def configure(backend: str, environ: dict[str, str] | None = None, dtype: str | None = None) -> dict[str, str]:
+    """Write the environment for `backend` (unless the user already set a variable); return what was set. `dtype`:
+    the towers' (SGLang's `--dtype`, where it names one)."""
     if backend not in BACKENDS:
         raise ValueError(f"--mm-encoder-backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     env = os.environ if environ is None else environ
@@ -125,7 +127,7 @@ def configure(backend: str, environ: dict[str, str] | None = None) -> dict[str, 
             raise ValueError(f"{name} is already set to {env[name]!r}; the jax backend needs {needed!r}")
     if backend == "jax":  # the tower reads these after SGLang has loaded the language model: check them now
         warmup_buckets(bucket_policy(env), env)
-        check_attention(env)
+        check_attention(env, dtype)
         check_trace(env)
     env.update(wanted)
     return wanted

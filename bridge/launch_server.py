@@ -20,6 +20,15 @@ from bridge import backend
 
 FLAG = "--mm-encoder-backend"
 MODEL_FLAGS = ("--model-path", "--model")
+# SGLang 0.5.23's `--dtype` names (`_STR_DTYPE_TO_TORCH_DTYPE`) -> the towers' dtype. Its "auto" gives a float32
+# checkpoint float16 (`_get_and_verify_dtype`), so only a named float32 makes a tower the flash kernels cannot run.
+SGLANG_DTYPES = {
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
 
 
 class UsageError(ValueError):
@@ -136,8 +145,9 @@ def prepare(argv: Sequence[str]) -> list[str]:
                 f"{model}: architectures {archs} is not Qwen3-VL; {FLAG} jax serves "
                 f"{' and '.join(backend.ARCHITECTURES)} ({FLAG} torch runs any model on SGLang's own towers)"
             )
+    dtype = pop_option(with_config_file(args), ["--dtype"], remove=False)
     try:
-        backend.configure(choice)
+        backend.configure(choice, dtype=SGLANG_DTYPES.get((dtype or "auto").lower()))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if choice == "jax":

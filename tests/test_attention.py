@@ -85,9 +85,15 @@ def test_float32_towers_run_xlas_path(monkeypatch):
         attention._auto.cache_clear()
 
 
-def test_an_encoder_names_the_dtype_a_flash_path_refuses():
-    with pytest.raises(ValueError, match="attention 'cudnn_packed' takes bfloat16 or float16 towers, not float32"):
+def test_an_encoder_names_the_dtype_a_flash_path_refuses(tmp_path):
+    """Before any weight is read, drawn or copied: a checkpoint path that does not exist is not even looked at."""
+    refused = "attention 'cudnn_packed' takes bfloat16 or float16 towers, not float32"
+    with pytest.raises(ValueError, match=refused):
         vitjax.Encoder.random(TINY["hd64"], dtype="float32", attention="cudnn_packed")
+    with pytest.raises(ValueError, match=refused):
+        vitjax.Encoder.from_pretrained(tmp_path / "nothing here", dtype="float32", attention="cudnn_packed")
+    with pytest.raises(ValueError, match=refused):
+        vitjax.Encoder.from_params(TINY["hd64"], {}, dtype="float32", attention="cudnn_packed")
     assert vitjax.Encoder.random(TINY["hd64"], dtype="float32", attention="reference").attention == "reference"
 
 

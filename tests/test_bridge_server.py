@@ -160,6 +160,12 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UsageError, match=r"^--model-path no-such-org/no-such-model: "):
         prepare(["--model-path", "no-such-org/no-such-model"])
+    # SGLang's --dtype float32 gives float32 towers, which no flash path runs; its "auto" gives 16-bit ones.
+    monkeypatch.setenv("VITJAX_ATTENTION", "cudnn_padded")
+    with pytest.raises(UsageError, match=r"VITJAX_ATTENTION='cudnn_padded': attention 'cudnn_padded' takes bfloat16"):
+        prepare(["--model-path", str(dense), "--dtype", "float32"])
+    assert prepare(["--model-path", str(dense), "--dtype=auto"]) == ["--model-path", str(dense), "--dtype=auto"]
+    monkeypatch.delenv("VITJAX_ATTENTION")
     monkeypatch.setenv(backend.FIT_GRANULE_ENV, "6")  # read only after the language model loads: checked here
     with pytest.raises(UsageError, match=r"VITJAX_FIT_GRANULE='6': expected 0 \(off\) or a multiple of 4 tokens"):
         prepare(["--model-path", str(dense)])

@@ -273,6 +273,18 @@ def test_seed_out_of_range_is_a_usage_error(tmp_path, capsys):
         assert code == 2 and f"--seed: expected a whole number from -2**63 to 2**63 - 1, got '{seed}'" in err
 
 
+def test_an_attention_path_the_dtype_rules_out_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """$VITJAX_ATTENTION names a flash path, which takes 16-bit towers only: --dtype float32 is refused before the
+    model is built (it used to fail in the first compile on a GPU, after the checkpoint was read)."""
+    monkeypatch.setenv("VITJAX_ATTENTION", "cudnn_padded")
+    built = []
+    monkeypatch.setattr(vitjax.Encoder, "random", lambda *a, **kw: built.append(a))
+    out = tmp_path / "e.safetensors"
+    code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "--dtype", "float32", "-o", str(out))
+    assert code == 2 and built == [] and not out.exists()
+    assert "--dtype float32: $VITJAX_ATTENTION 'cudnn_padded' takes bfloat16 or float16 towers, not float32" in err
+
+
 def test_fit_granule_reaches_the_encoder(checkpoint, tmp_path, capsys, monkeypatch):
     """The encoder is built with the bucket policy --fit-granule asks for (vitjax's default without it)."""
     built = []

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs an N
 
 @pytest.fixture(scope="module")
 def enc():
-    return vitjax.Encoder.random(TINY["hd64"], dtype="float32", cache_bytes=0)
+    return vitjax.Encoder.random(TINY["hd64"], dtype="float32", attention="reference", cache_bytes=0)
 
 
 @pytest.mark.parametrize("max_pixels", [MAX_PIXELS, SMALL])

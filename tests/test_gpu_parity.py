@@ -110,17 +110,20 @@ def test_tower_matches_hf(towers):
             assert cos > 0.999, (names[0], impl, cos)
 
 
-def test_float32_and_float16_towers_match_hf(towers):
+def test_float32_and_float16_towers_match_hf(towers, monkeypatch):
     """The towers in the other dtypes SGLang serves in: float16 takes the automatic flash path, float32 XLA's (the
-    flash kernels take 16-bit inputs; a float32 encoder once failed in fa4 on its first compile)."""
+    flash kernels take 16-bit inputs; a float32 encoder once failed in fa4 on its first compile). Measured on an
+    H100: MAE 0.12x (float16) and 0.016x (float32) of HF bf16's; the bounds catch float16 run as bf16 or float32
+    matmuls in TF32."""
     import vitjax
 
+    monkeypatch.delenv(attention.ENV_VAR, raising=False)  # the automatic choice is what is tested
     cfg, hf, hf32, encoders = towers
     params = jax.tree.map(np.asarray, encoders[next(iter(encoders))].params())
     tokens = sum(layout.grid_tokens(g) for g in GRIDS)
     pixels = np.random.default_rng(3).standard_normal((tokens, cfg.patch_dim), dtype=np.float32)
     ref, hf_bf16 = _hf(hf32, pixels, torch.float32), _hf(hf, pixels, torch.bfloat16)
-    for dtype, impl, most in (("float16", attention.default_implementation(), 1.0), ("float32", "reference", 0.25)):
+    for dtype, impl, most in (("float16", attention.default_implementation(), 0.3), ("float32", "reference", 0.05)):
         enc = vitjax.Encoder.from_params(cfg, params, dtype=dtype, cache_bytes=0)
         assert enc.attention == impl, (dtype, enc.attention)
         outs = enc.encode_patches(pixels, np.array(GRIDS))

@@ -152,12 +152,21 @@ def _auto() -> str:
 
 
 def default_implementation(dtype: DTypeLike | None = None) -> str:
-    """`$VITJAX_ATTENTION` if set, else `select_implementation` for this process's devices and packages; for a
-    `dtype` the flash kernels do not take (float32), XLA's path."""
-    chosen = os.environ.get(ENV_VAR)
-    if chosen:
-        return check_implementation(chosen, dtype, f"${ENV_VAR}")
+    """`$VITJAX_ATTENTION` if set (checked against `dtype`), else `select_implementation` for this process's devices
+    and packages, or XLA's path for a `dtype` the flash kernels do not take (float32)."""
+    named = named_implementation(None, dtype)
+    if named:
+        return named
     return _auto() if dtype is None or jnp.dtype(dtype).name in FLASH_DTYPES else "reference"
+
+
+def named_implementation(attention: str | None, dtype: DTypeLike | None = None) -> str | None:
+    """The path named for a tower of `dtype`: `attention`, else `$VITJAX_ATTENTION`, checked (a ValueError names
+    the setting); None where neither names one. Cheap: encoders call it before they load any weights."""
+    if attention:
+        return check_implementation(attention, dtype)
+    chosen = os.environ.get(ENV_VAR)
+    return check_implementation(chosen, dtype, f"${ENV_VAR}") if chosen else None
 
 
 def bucket_implementation(impl: str, segments: int, automatic: bool) -> str:

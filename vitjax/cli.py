@@ -193,6 +193,12 @@ def _encode(args: argparse.Namespace) -> int:
         if not dali.available():
             raise UsageError("--decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'")
     try:
+        from vitjax.attention import named_implementation
+
+        named_implementation(None, args.dtype)  # $VITJAX_ATTENTION against --dtype
+    except ValueError as e:
+        raise UsageError(f"--dtype {args.dtype}: {e}") from e
+    try:
         policy = BucketPolicy(fit_granule=args.fit_granule)
     except ValueError as e:
         raise UsageError(f"--fit-granule {args.fit_granule}: must be 0 (off) or a multiple of 4") from e

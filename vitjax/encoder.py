@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from vitjax import dali, layout, weights
 from vitjax.attention import ENV_VAR as ATTENTION_ENV
-from vitjax.attention import Segments, check_implementation, default_implementation
+from vitjax.attention import Segments, default_implementation, named_implementation
 from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cache import EmbeddingCache
 from vitjax.config import VisionConfig
@@ -74,7 +74,8 @@ class Encoder:
     device) each hold the weights: groups of `sequence_parallel` devices share every call's tokens
     (Ulysses), and the groups split each request's images between them (data parallel). `attention` names
     the path for every call (`vitjax.attention.IMPLEMENTATIONS`); by default it is chosen for the machine, and
-    where that is fa4, buckets of many segments (a video's slices) run cuDNN's packed path.
+    where that is fa4, buckets of many segments (a video's slices) run cuDNN's packed path. The flash paths (fa4,
+    cuDNN) take 16-bit towers: a float32 one runs XLA's path, and naming a flash path for it is refused.
     """
 
     def __init__(
@@ -91,12 +92,12 @@ class Encoder:
         self.cfg = cfg
         self.dtype = model.dtype
         picked = pick_devices(devices)
-        # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's.
-        auto = all(d.platform == "gpu" for d in picked) or os.environ.get(ATTENTION_ENV)
-        if attention:
-            self.attention = check_implementation(attention, self.dtype)
-        else:  # the flash paths take 16-bit towers only: a float32 one runs XLA's
-            self.attention = default_implementation(self.dtype) if auto else "reference"
+        # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's. The
+        # flash paths take 16-bit towers only: a float32 one runs XLA's.
+        gpus = all(d.platform == "gpu" for d in picked)
+        self.attention = named_implementation(attention, self.dtype) or (
+            default_implementation(self.dtype) if gpus else "reference"
+        )
         self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
         self.cache = EmbeddingCache(cache_bytes)
         self.images_encoded = 0
@@ -114,6 +115,7 @@ class Encoder:
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
         """Build from a nested parameter dict (as `weights.load_hf` returns), cast to `dtype`."""
         dtype = jnp.dtype(dtype)
+        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any copy
         model = abstract_tower(cfg, dtype)
         state = nnx.state(model)
         first = pick_devices(kw.get("devices"))[0]  # built there: a GPU the encoder does not use gets nothing
@@ -142,6 +144,7 @@ class Encoder:
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "bfloat16", progress: bool = False, **kw) -> Encoder:
         """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""
+        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
         else:
@@ -153,6 +156,7 @@ class Encoder:
     def random(cls, cfg: VisionConfig | str, seed: int = 0, dtype: str = "bfloat16", **kw) -> Encoder:
         """Random weights (smoke runs and benchmarks); `cfg` may be a preset name."""
         cfg = VisionConfig.preset(cfg) if isinstance(cfg, str) else cfg
+        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any draw
         kw.setdefault("model_id", f"random:{seed}:{cfg}")
         return cls(cfg, VisionTower(cfg, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed)), **kw)
 
