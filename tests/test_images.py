@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from conftest import PHOTOS, TINY
 from PIL import Image, ImageFile
 
 import vitjax
-from vitjax.images import ImageInputError, expand_inputs, load_image, path_error
+from vitjax.images import ImageInputError, encoded_bytes, expand_inputs, load_image, path_error
 from vitjax.video import is_video_path
 
 PHOTO = Path(__file__).parent / "data" / "images" / "astronaut.jpg"
@@ -212,6 +213,26 @@ def test_text_file_named_jpg(tmp_path):
     path = tmp_path / "notes.jpg"
     path.write_text("this is not an image\n")
     expect_error(path, "not a recognised image format")
+
+
+def test_a_large_file_that_is_no_image_is_refused_from_its_header(tmp_path):
+    """256 MiB that PIL does not recognise (a sparse file of zeros named .jpg): refused by name without being read
+    into memory whole, by the PIL path and the one DALI's decoder takes (`encoded_bytes`); a large image is read."""
+    path = tmp_path / "disk-image.jpg"
+    with path.open("wb") as f:
+        f.truncate(256 << 20)
+    tracemalloc.start()
+    try:
+        expect_error(path, "not a recognised image format")
+        with pytest.raises(ImageInputError, match="not a recognised image format"):
+            encoded_bytes(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # reading the file whole takes 256 MiB
+    big = tmp_path / "big.png"
+    Image.new("RGB", (2000, 2000)).save(big)
+    assert encoded_bytes(big) == big.read_bytes()
 
 
 def test_directory_without_images(tmp_path):

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps
@@ -195,7 +196,10 @@ def _read_path(path: Path) -> bytes:
     if not path.is_file():
         raise ValueError("not a regular file")
     try:
-        return path.read_bytes()
+        with path.open("rb") as f:
+            _open(f)  # a file PIL does not take is refused from its header, not after it was read whole
+            f.seek(0)
+            return f.read()
     except FileNotFoundError as e:  # removed since the check above
         raise ValueError("no such file") from e
     except OSError as e:
@@ -224,16 +228,22 @@ def check_pixels(width: int, height: int, what: str = "image") -> None:
 
 def _decode(data: bytes) -> Image.Image:
     """Decode encoded image bytes fully (a truncated file fails here, not later)."""
-    if not data:
+    return _loaded(_open(io.BytesIO(data)))
+
+
+def _open(stream: BinaryIO) -> Image.Image:
+    """PIL's lazy open of an encoded image: its header read and checked (format, size), its pixels not decoded."""
+    if not stream.read(1):
         raise ValueError("empty input (0 bytes)")
+    stream.seek(0)
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(stream)
     except Image.DecompressionBombError as e:
         raise ValueError(str(e)) from e
     except Exception as e:  # UnidentifiedImageError mostly; a few plugins raise their own errors
         raise ValueError("not a recognised image format (or a corrupt header)") from e
     check_size(image)
-    return _loaded(image)
+    return image
 
 
 def _loaded(image: Image.Image) -> Image.Image:
@@ -274,7 +284,7 @@ def _from_array(array: np.ndarray) -> Image.Image:
 def encoded_bytes(source: object, name: str | None = None) -> bytes | None:
     """The encoded file behind a path, bytes or data URI, read once (so a decode backend can look at it before it
     decodes); None for a source that is pixels already (a PIL image, an array). Errors name the input as
-    `load_image`'s do; the bytes themselves are not checked here."""
+    `load_image`'s do; a file is read only when PIL takes its header, other bytes are not checked here."""
     name = name if name is not None else input_name(source, 0)
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
