@@ -45,6 +45,11 @@ FA4_VERIFIED = ("0.1.0",)
 FLASH_DTYPES = ("bfloat16", "float16")
 
 
+def _flash_takes(dtype: DTypeLike | None) -> bool:
+    """Whether the flash paths run towers of `dtype` (None: not known yet, taken as yes)."""
+    return dtype is None or jnp.dtype(dtype).name in FLASH_DTYPES
+
+
 @dataclasses.dataclass(frozen=True)
 class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
@@ -157,7 +162,7 @@ def default_implementation(dtype: DTypeLike | None = None) -> str:
     named = named_implementation(None, dtype)
     if named:
         return named
-    return _auto() if dtype is None or jnp.dtype(dtype).name in FLASH_DTYPES else "reference"
+    return _auto() if _flash_takes(dtype) else "reference"
 
 
 def named_implementation(attention: str | None, dtype: DTypeLike | None = None) -> str | None:
@@ -194,7 +199,7 @@ def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str
     """`impl` if it can run here on towers of `dtype` (any, when None), else a ValueError naming `setting`."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
-    if impl != "reference" and dtype is not None and jnp.dtype(dtype).name not in FLASH_DTYPES:
+    if impl != "reference" and not _flash_takes(dtype):
         raise ValueError(
             f"{setting} {impl!r} takes {' or '.join(FLASH_DTYPES)} towers, not {jnp.dtype(dtype).name}; "
             "use 'reference' (XLA) or leave the choice to vitjax"
