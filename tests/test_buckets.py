@@ -409,3 +409,69 @@ def test_a_bucket_needed_by_several_threads_at_once_compiles_once():
         np.testing.assert_array_equal(
             got, np.asarray(enc.encode_patches(pixels_for(grid, CFG, seed=1), np.array(grid))[0])
         )
+
+
+@pytest.fixture
+def a_cache_directory(tmp_path):
+    """JAX's cache directory set (nothing is compiled while it is: these tests build plain values)."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def _lead_and_follow(shared: buckets.SharedCompiles, lead_fails: bool = False) -> tuple[list[str], list]:
+    """Two engines' builds of one key, the second asked while the first runs; returns the order of events."""
+    events, started, release = [], threading.Event(), threading.Event()
+
+    def lead():
+        events.append("lead starts")
+        started.set()
+        release.wait(5)
+        events.append("lead ends")
+        if lead_fails:
+            raise RuntimeError("out of memory")
+        return "lead's"
+
+    def follow():
+        events.append("follower builds")
+        return "follower's"
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(shared.compile, ("bucket", 1), lead)
+        started.wait(5)
+        second = pool.submit(shared.compile, ("bucket", 1), follow)
+        other = shared.compile(("bucket", 2), lambda: "another key's")  # does not wait for the first key
+        time.sleep(0.3)  # time enough for a follower that does not wait to build
+        events.append("released")
+        release.set()
+        results = [second.result(5), other]
+        if lead_fails:
+            with pytest.raises(RuntimeError):
+                first.result(5)
+        else:
+            results.insert(0, first.result(5))
+    return events, results
+
+
+def test_shared_compiles_build_a_program_after_its_first_build(a_cache_directory):
+    """Engines of a data-parallel encoder on GPUs: the second engine's build of a program waits for the first's (whose
+    cache entry it then loads: JAX's GPU cache keys leave the devices out), other programs do not wait."""
+    events, results = _lead_and_follow(buckets.SharedCompiles())
+    assert events == ["lead starts", "released", "lead ends", "follower builds"]
+    assert results == ["lead's", "follower's", "another key's"]
+    events, results = _lead_and_follow(buckets.SharedCompiles(), lead_fails=True)  # the follower builds anyway
+    assert events == ["lead starts", "released", "lead ends", "follower builds"]
+    assert results == ["follower's", "another key's"]
+
+
+def test_shared_compiles_do_not_wait_without_a_cache():
+    """Without JAX's persistent cache there is nothing to load: no engine waits for another's compile."""
+    assert not jax.config.jax_compilation_cache_dir
+    events, results = _lead_and_follow(buckets.SharedCompiles())
+    assert events == ["lead starts", "follower builds", "released", "lead ends"]
+    assert results == ["lead's", "follower's", "another key's"]
+
+
+def test_only_gpu_encoders_of_several_engines_share_compiles():
+    assert all(e._shared is None for e in _random_encoder(devices=2).parallel.engines)  # CPU keys name the devices
