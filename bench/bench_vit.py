@@ -255,8 +255,6 @@ PATHS = {
         (vitjax.model, "exact_gelu"): lambda h: jax.nn.gelu(h.astype(jnp.float32), approximate=False).astype(h.dtype),
         (buckets.Engine, "_device_pieces"): previous_device_pieces,
     },
-    # before 2026-11-26: each engine of a data-parallel encoder compiled its own executables, side by side
-    "unshared": {(buckets.SharedCompiles, "compile"): lambda self, key, build: build()},
 }
 
 

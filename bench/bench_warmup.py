@@ -7,9 +7,9 @@ default is 1 s), each with its own cache. Each bucket's seconds are one JSON lin
 appended to bench/results/<device>-<date>.jsonl), then each process's sums; `--ladder` names the buckets a
 segment ladder would not have (`new`), and those the default set had before 2026-11-26 (`in_earlier_set`), so the
 rows also price a change of ladder or set. `--paths previous` repeats the pair on an earlier code path
-(`bench_vit.PATHS`). `--devices 1,2` repeats it on a data-parallel encoder over that many GPUs (`--paths
-shipped,unshared`: its engines sharing each compile through the cache, or each compiling its own); the sums carry
-JAX's cache hits and misses and the warm-up's wall time. `--every n` warms every n-th bucket only.
+(`bench_vit.PATHS`). `--devices 1,2` repeats it on a data-parallel encoder over that many GPUs (each engine
+compiles its own executables, the engines side by side); the sums carry JAX's cache hits and misses and the
+warm-up's wall time. `--every n` warms every n-th bucket only.
 
     PYTHONPATH=. python bench/bench_warmup.py [--ladder 1,4,16,64] [--min-compile-s 1,0.2] [--paths shipped,previous]
         [--devices 1,2] [--every 4]

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -176,36 +176,6 @@ def enable_compilation_cache() -> str | None:
     return path
 
 
-class SharedCompiles:
-    """Engines on GPUs of one kind compile each program once: JAX keys a GPU program's persistent-cache entry
-    without its device assignment, so the first engine to need a program compiles it (JAX writes the entry) while
-    the others wait, then load it from the cache. A data-parallel warm-up then costs about one device's, not N
-    times (with N engines compiling side by side, each compile also ran slower). Without the cache, no waiting."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._first: dict[tuple, threading.Event] = {}  # program key -> set once its first compile has ended
-
-    def compile(self, key: tuple, build: Callable[[], jax.stages.Compiled]) -> jax.stages.Compiled:
-        """`build()`, after the first engine's build of `key` has ended (whether it succeeded or not)."""
-        if not jax.config.jax_compilation_cache_dir:
-            return build()
-        with self._lock:
-            first = self._first.get(key)
-            if first is None:
-                first = self._first[key] = threading.Event()
-                leads = True
-            else:
-                leads = False
-        if not leads:
-            first.wait()
-            return build()
-        try:
-            return build()
-        finally:
-            first.set()
-
-
 class Call(NamedTuple):
     """One dispatched tower call: its packed output on the device and where each image's rows are."""
 
@@ -245,7 +215,7 @@ class Engine:
     the weights and a contiguous 1/n of every call's tokens (of the pixels, the layout and the activations),
     and around attention an all-to-all gives each device all tokens of 1/n of the heads. Outputs are
     gathered on the group's first device. With `automatic` (`impl` was chosen for the machine, not named) each
-    bucket runs `attention.bucket_implementation`'s path. Engines given one `shared` compile each program once.
+    bucket runs `attention.bucket_implementation`'s path.
     """
 
     def __init__(
@@ -257,9 +227,8 @@ class Engine:
         policy: BucketPolicy | None = None,
         devices: Sequence[jax.Device] | None = None,
         automatic: bool = False,
-        shared: SharedCompiles | None = None,
     ):
-        self.cfg, self.impl, self.automatic, self._shared = cfg, impl, automatic, shared
+        self.cfg, self.impl, self.automatic = cfg, impl, automatic
         self.policy = policy or BucketPolicy()
         self.devices = list(devices or jax.local_devices()[:1])
         n = len(self.devices)  # `parallel.device_groups` made it divide the heads
@@ -371,11 +340,7 @@ class Engine:
                 check_vma=False,  # the tower's scan carries start as unsharded zeros; only shapes matter here
             )
         options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
-
-        def build() -> jax.stages.Compiled:
-            return jax.jit(fn).lower(*args).compile(compiler_options=options)
-
-        return build() if self._shared is None else self._shared.compile((bucket, pixel_dtype, max_length, n), build)
+        return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
     def _fit(
         self, bucket: Bucket, rows: int, pixel_dtype: np.dtype, longest: int, wanted: list[tuple]

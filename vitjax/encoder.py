@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from vitjax import dali, layout, weights
 from vitjax.attention import ENV_VAR as ATTENTION_ENV
 from vitjax.attention import Segments, default_implementation, named_implementation
-from vitjax.buckets import Bucket, BucketPolicy, Engine, SharedCompiles
+from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cache import EmbeddingCache
 from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs
@@ -106,10 +106,7 @@ class Encoder:
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
         groups = device_groups(picked, sequence_parallel, cfg.num_heads)
         automatic = attention is None and not os.environ.get(ATTENTION_ENV)
-        shared = SharedCompiles() if len(groups) > 1 and gpus else None  # only GPU cache keys omit the devices
-        engines = [
-            Engine(cfg, self._graph, self._state, self.attention, buckets, group, automatic, shared) for group in groups
-        ]
+        engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group, automatic) for group in groups]
         self.parallel = DataParallel(engines)
         self._dali: dali.DaliRows | None = None  # built on first use of decoder="dali"
         self._dali_lock = threading.Lock()
