@@ -48,6 +48,7 @@ from vitjax import buckets, layout  # noqa: E402
 from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
+from vitjax.parallel import DataParallel, split_balanced  # noqa: E402
 from vitjax.row_views import row_view  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
@@ -246,6 +247,23 @@ def previous_device_pieces(self, pixels, row, rows, tokens, chunk):
     return tuple(pieces)
 
 
+def threaded_encode(self, pixel_values, grids):
+    """`DataParallel.encode` before 2026-11-26: every engine's group through the device threads, empty ones too."""
+    sizes = [layout.grid_tokens(g) for g in grids]
+    groups = split_balanced(sizes, len(self.engines))
+    first_rows = np.concatenate([[0], np.cumsum(sizes)])
+
+    def work(pair):
+        engine, group = pair
+        if not group:
+            return []
+        return engine.encode(pixel_values, [grids[i] for i in group], int(first_rows[group.start]))
+
+    pairs = list(zip(self.engines, groups, strict=True))
+    outs = [work(pairs[0])] if self._pool is None else list(self._pool.map(work, pairs))
+    return [out for group_outs in outs for out in group_outs]
+
+
 # Code paths a vitjax run can take (`--paths`): attributes replaced while its executables are traced and run.
 PATHS = {
     "shipped": {},
@@ -255,6 +273,7 @@ PATHS = {
         (vitjax.model, "exact_gelu"): lambda h: jax.nn.gelu(h.astype(jnp.float32), approximate=False).astype(h.dtype),
         (buckets.Engine, "_device_pieces"): previous_device_pieces,
     },
+    "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
 }
 
 

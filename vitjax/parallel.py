@@ -85,8 +85,8 @@ class DataParallel:
         return sum(e.compiles for e in self.engines)
 
     def _map(self, work, items: list) -> list:
-        """`work` on every item, in the device threads when there are several devices."""
-        return [work(items[0])] if self._pool is None else list(self._pool.map(work, items))
+        """`work` on every item: in the device threads when there are several items, else in this thread."""
+        return [work(item) for item in items] if len(items) < 2 else list(self._pool.map(work, items))
 
     def warmup(self, buckets: Iterable[Bucket] | None, pixel_dtype: np.dtype, run: bool) -> dict[Bucket, float]:
         """Every engine's warm-up, devices in parallel; seconds per bucket on the slowest device."""
@@ -102,8 +102,8 @@ class DataParallel:
 
         def work(pair: tuple[Engine, range]) -> list[jax.Array]:
             engine, group = pair
-            if not group:
-                return []
             return engine.encode(pixel_values, [grids[i] for i in group], int(first_rows[group.start]))
 
-        return [out for outs in self._map(work, list(zip(self.engines, groups, strict=True))) for out in outs]
+        # Empty groups come last: a request of one image (or fewer images than engines) skips their thread hops.
+        busy = [(engine, group) for engine, group in zip(self.engines, groups, strict=True) if group]
+        return [out for outs in self._map(work, busy) for out in outs]
