@@ -81,6 +81,25 @@ def test_duplicates_are_encoded_once_and_hits_are_identical(enc):
     assert enc.images_encoded == 2 and enc.cache.stats.misses == 2
 
 
+def test_new_weights_empty_the_cache_and_keep_its_counters(checkpoint):
+    """After `set_params` a cached image is encoded again with the new weights (an RL trainer's update must not be
+    answered from the old weights' results), and the cache's counters go on from where they were."""
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    (old,) = enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
+    enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)  # a hit
+    scaled = jax.tree.map(lambda a: a * 1.5, enc.params())
+    enc.set_params(scaled)
+    (new,) = enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
+    assert enc.images_encoded == 2
+    (ref,) = vitjax.Encoder.from_params(enc.cfg, scaled, dtype="float32").encode(
+        [str(PHOTOS[0])], max_pixels=MAX_PIXELS
+    )
+    np.testing.assert_array_equal(np.asarray(new.features), np.asarray(ref.features))
+    assert np.abs(np.asarray(new.features) - np.asarray(old.features)).max() > 0.1
+    stats = enc.cache.stats
+    assert (stats.hits, stats.misses, stats.entries, stats.bytes) == (1, 2, 1, np.asarray(new.features).nbytes), stats
+
+
 def test_cache_evicts_least_recently_used_by_bytes():
     cache = EmbeddingCache(max_bytes=3 * 400)
     arrays = {k: np.full(100, k, np.float32) for k in range(4)}  # 400 bytes each

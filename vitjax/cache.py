@@ -110,9 +110,11 @@ class EmbeddingCache:
         return len(self._items)
 
     def clear(self) -> None:
+        """Drop every entry (stale, say, after new weights); hits, misses and evictions keep counting, as a
+        server's metrics expect of counters."""
         with self._lock:
             self._items.clear()
-            self._stats = CacheStats()
+            self._stats.bytes = 0
 
     @property
     def stats(self) -> CacheStats:
