@@ -49,10 +49,11 @@ def compile_schedule(text: str, head_dim: int) -> dict:
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
     from fa4_jax.cute.utils import AuxData
 
-    from vitjax.attention import Fa4Tile, _fa4_sm90_forward
+    from vitjax.attention import Fa4Tile, _fa4_sm90_forward, fa4_tile_width
 
     tile = Fa4Tile.parse(text)
-    kernel = _fa4_sm90_forward(tile, cutlass.BFloat16, head_dim, 1, False)
+    width_v = fa4_tile_width(head_dim) if tile.value_sums else head_dim  # V as the tower gives it (`value_columns`)
+    kernel = _fa4_sm90_forward(tile, cutlass.BFloat16, head_dim, width_v, 1, False)
     storage = kernel._get_shared_storage_cls
     row = {"schedule": str(tile)}
 
@@ -82,15 +83,16 @@ def compile_schedule(text: str, head_dim: int) -> dict:
             stream=stream,
         )
 
-    def rows():
-        shape = (cute.sym_int32(), HEADS, head_dim)
+    def rows(width: int = head_dim):
+        shape = (cute.sym_int32(), HEADS, width)
         return make_fake_compact_tensor(cutlass.BFloat16, shape, stride_order=(2, 1, 0), assumed_align=256)
 
     def ints():
         return make_fake_compact_tensor(cutlass.Int32, (cute.sym_int32(),), stride_order=(0,), assumed_align=256)
 
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    cute.compile(forward, stream, rows(), rows(), rows(), ints(), ints(), rows(), options="--enable-tvm-ffi")
+    tensors = (rows(), rows(), rows(width_v), ints(), ints(), rows(width_v))
+    cute.compile(forward, stream, *tensors, options="--enable-tvm-ffi")
     return row
 
 

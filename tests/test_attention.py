@@ -140,16 +140,63 @@ def test_fa4_needs_its_package():
         ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
         ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
         ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
+        ("192x112rs3:vsum", attention.Fa4Tile(192, 112, True, 3, value_sums=True)),
     ],
 )
 def test_fa4_tile_names(text, tile):
     assert attention.Fa4Tile.parse(text) == tile and str(tile) == text
 
 
-@pytest.mark.parametrize("text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x"])
+@pytest.mark.parametrize("text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x", "192x112rs3:sum"])
 def test_fa4_tile_bad_names(text):
     with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
         attention.Fa4Tile.parse(text)
+
+
+def test_value_columns(monkeypatch):
+    """fa4 under a value_sums schedule takes V at its tile's width, a ones column first, where the tile pads the head
+    dim (72 in 80, the 8B-and-larger towers); no other path or head dim widens V."""
+    assert attention.value_columns("fa4", 72) == (1.0,) + (0.0,) * 7  # the shipped schedule
+    assert attention.value_columns("cudnn_packed", 72) == attention.value_columns("reference", 72) == ()
+    tiles = {72: attention.Fa4Tile(192, 112, True, 3), 64: attention.Fa4Tile(192, 112, True, 3, value_sums=True)}
+    monkeypatch.setattr(attention, "FA4_TILES", {**tiles, 40: tiles[64]})
+    assert attention.value_columns("fa4", 72) == ()  # a schedule without value sums
+    assert attention.value_columns("fa4", 64) == ()  # 64 fills its tile: no spare column
+    assert attention.value_columns("fa4", 40) == (1.0,) + (0.0,) * 7  # 40 runs as 48
+    assert attention.value_columns("fa4", 96) == ()  # no schedule of ours: fa4-jax's own
+
+
+def _seq_split(fn, devices: int):
+    """`fn(q, k, v)` with the tokens split over `devices` CPU devices (Ulysses), outputs gathered back."""
+    import jax
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("seq",))
+    split = jax.sharding.PartitionSpec("seq")
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(split,) * 3, out_specs=split))
+
+
+def test_a_wider_v_comes_back_as_wide():
+    """V with `value_columns` appended (as the tower makes it for fa4): the first head_dim output columns are the
+    attention, the appended ones come back as they went in (a row's probabilities sum to 1), on one device and with
+    the tokens split over two (Ulysses, where the wider V is traded apart from q and k)."""
+    grids = [(1, 4, 6), (2, 2, 4), (1, 6, 6)]
+    packed = layout.pack(grids, 128, 8)
+    rng = np.random.default_rng(8)
+    q, k, v = (jnp.asarray(rng.standard_normal((128, 4, 72), np.float32)) for _ in range(3))
+    columns = (1.0,) + (0.0,) * 7
+    wide = jnp.concatenate([v, jnp.broadcast_to(jnp.asarray(columns), (128, 4, 8))], axis=-1)
+    real = packed.segment_ids >= 0
+    narrow = np.asarray(attention.attention(q, k, v, _segments(packed), "reference"))[real]
+    whole = np.asarray(attention.attention(q, k, wide, _segments(packed), "reference"))[real]
+    split = _seq_split(lambda q, k, v: attention.attention(q, k, v, _segments(packed, "seq"), "reference"), 2)
+    for got in (whole, np.asarray(split(q, k, wide))[real]):
+        assert got.shape == (real.sum(), 4, 80)
+        np.testing.assert_allclose(got[..., :72], narrow, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[..., 72:], np.broadcast_to(columns, got[..., 72:].shape), atol=1e-5)
+
+
+def _segments(packed, seq_axis=None) -> attention.Segments:
+    return attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=36, seq_axis=seq_axis)
 
 
 def test_set_fa4_tile_without_the_package(monkeypatch):

@@ -185,3 +185,32 @@ def test_attention_paths_agree(head_dim, grids, slots):
         err = float(np.abs(got[real] - ref[real]).max())
         print(f"attention head_dim {head_dim} slots {slots} {impl}: max abs error {err:.4f} against fp32 reference")
         assert err < 0.03, (impl, err)
+
+
+@pytest.mark.parametrize("grids, slots", [([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 8), ([(1, 44, 80)], 1)])
+def test_fa4_value_sums_agree(grids, slots):
+    """fa4 with V widened by `value_columns` (each row's softmax sum from P·V's column 72, `vitjax.fa4_sums`) against
+    the fp32 reference, its appended columns back as ones and zeros; its log-sum-exp (fa4's `return_lse`, which
+    differentiation would use) against the narrow kernel's."""
+    columns = attention.value_columns("fa4", 72)
+    if not (_runs("fa4") and columns):
+        pytest.skip("fa4 with value sums runs on Hopper with fa4-jax")
+    from fa4_jax import flash_attn_varlen
+
+    packed = layout.pack(grids, 6144, slots)
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=4096)
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.standard_normal((6144, 16, 72)), jnp.bfloat16) for _ in range(3))
+    wide = jnp.concatenate([v, jnp.broadcast_to(jnp.asarray(columns, v.dtype), (6144, 16, len(columns)))], -1)
+    real = packed.segment_ids >= 0
+    ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)[real]
+    got = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4"), np.float32)[real]
+    err = float(np.abs(got[..., :72] - ref).max())
+    print(f"fa4 value sums, slots {slots}: max abs error {err:.4f} against fp32 reference")
+    assert err < 0.03 and np.abs(got[..., 72:] - np.asarray(columns)).max() < 1e-2
+    cu, used = attention.cu_seqlens(seg, 6144), seg.lengths
+    lse = [
+        np.asarray(flash_attn_varlen(q, k, x, cu, cu, seqused_q=used, seqused_k=used, return_lse=True)[1])
+        for x in (v, wide)
+    ]
+    np.testing.assert_allclose(lse[1][:, real], lse[0][:, real], atol=2e-3)

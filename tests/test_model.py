@@ -108,6 +108,23 @@ def test_attention(loaded):
     assert_close_to_scale(np.asarray(got), ref.numpy())
 
 
+def test_attention_with_a_wider_v_matches_hf(loaded, monkeypatch):
+    """V widened as fa4's value-sums schedule wants it (zero weights, a bias of one then zeros), the output's extra
+    columns met by zero rows of the projection: still HF's attention (run here with XLA's path, which takes any V)."""
+    cfg, hf, _, model = loaded
+    columns = (1.0,) + (0.0,) * 7
+    monkeypatch.setattr("vitjax.model.value_columns", lambda impl, head_dim: columns)
+    h, cos, sin, segments, rope = _block_inputs(cfg, hf)
+    attn = _block(model.blocks, 1).attn
+    _, v = attn.qk_v(jnp.asarray(h), columns)
+    assert v.shape == (len(h), cfg.num_heads, cfg.head_dim + 8)
+    appended = np.asarray(v[..., cfg.head_dim :])
+    np.testing.assert_array_equal(appended, np.broadcast_to(columns, appended.shape))
+    with torch.no_grad():
+        ref = hf.blocks[1].attn(torch.from_numpy(h), cu_seqlens=_cu_seqlens(GRIDS), position_embeddings=rope)
+    assert_close_to_scale(np.asarray(attn(jnp.asarray(h), cos, sin, segments, "reference")), ref.numpy())
+
+
 def test_mlp_matches_hf_at_the_padded_width(loaded):
     """The hidden width is zero-padded for the GEMMs (the tiny widths are not multiples), the output is HF's."""
     cfg, hf, _, model = loaded

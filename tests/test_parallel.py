@@ -153,6 +153,18 @@ def test_sequence_parallel_equals_single_device(devices, seq):
     _close(np.asarray(one), ref[0])
 
 
+def test_sequence_parallel_with_a_wider_v(monkeypatch):
+    """Ulysses with V widened as fa4's value-sums schedule wants it (its extra columns traded apart from q and k),
+    against one device with V as HF has it."""
+    params = _random_params(CFG4)
+    x = pixels_for(GRIDS, CFG4, seed=6)
+    ref = _reference(params, x, GRIDS, CFG4)
+    monkeypatch.setattr("vitjax.model.value_columns", lambda impl, head_dim: (1.0,) + (0.0,) * 7)
+    enc = vitjax.Encoder.from_params(CFG4, params, dtype="float32", buckets=POLICY, devices=2, sequence_parallel=2)
+    for got, want in zip(enc.encode_patches(x, np.array(GRIDS)), ref, strict=True):
+        _close(np.asarray(got), want)
+
+
 def test_sequence_parallel_refuses_what_cannot_split(params):
     with pytest.raises(ValueError, match="sequence_parallel=3 does not divide the 4 devices"):
         vitjax.Encoder.from_params(CFG, params, dtype="float32", devices=4, sequence_parallel=3)

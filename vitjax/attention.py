@@ -6,7 +6,8 @@ host layout. Padding tokens (segment id -1) are never attended by real tokens; t
 unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller.
 
 - `fa4`: FlashAttention-4's Hopper (SM90) forward from the `fa4-jax` package (optional extra `fa4`) on the packed
-  sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy).
+  sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy), and
+  V comes at 80 with the softmax's row sums riding in its column 72 (`value_columns`: the tower makes it so).
   The default on Hopper where installed (`bench/NOTES.md` has the measurements), pinned like the cuDNN entry
   point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages) is
   ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
@@ -54,30 +55,43 @@ def _flash_takes(dtype: DTypeLike | None) -> bool:
 class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
-    memory ('ss'), and `stages` K/V buffers. Written like "192x144ss" or "128x176rs3" (stages when not 2)."""
+    memory ('ss'), `stages` K/V buffers, and `value_sums`: where the tile pads the head dim, V is taken at the tile's
+    width with the softmax's row sums carried by its first spare column (`value_columns`, `vitjax.fa4_sums`).
+    Written like "192x144ss", "128x176rs3" (stages when not 2) or "192x112rs3:vsum"."""
 
     m: int
     n: int
     p_in_registers: bool
     stages: int = 2
+    value_sums: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum)?", text.strip())
         if found is None:
-            raise ValueError(f"fa4 tile {text!r}: expected MxN then rs or ss, e.g. 192x144ss or 128x176rs3")
-        m, n, mode, stages = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2))
+            raise ValueError(
+                f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages and ':vsum', e.g. 192x144ss or "
+                "192x112rs3:vsum"
+            )
+        m, n, mode, stages, sums = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2), sums is not None)
 
     def __str__(self) -> str:
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{self.stages if self.stages != 2 else ''}"
+        stages = self.stages if self.stages != 2 else ""
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{':vsum' if self.value_sums else ''}"
+
+
+def fa4_tile_width(head_dim: int) -> int:
+    """The head dim inside fa4's tile: rounded up to 16 (72 runs as 80)."""
+    return -(-head_dim // 16) * 16
 
 
 # Schedules of our own per head_dim (`set_fa4_tile`); head dims not listed keep fa4-jax's table (FA3's). At head_dim
 # 72 (the 8B-and-larger towers), P in registers with 112 keys a step and 3 K/V stages: 2-5% faster than FA3's
 # 192x144ss (P through shared memory) alone, -0.8% on the 20-photo scan, same errors (H200, `bench_fa4_tiles.py`,
 # bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
-FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3)}
+# V at the tile's width 80 with the row sums in its column 72: -8 to -10% alone (H100, `bench_fa4_rowsum.py`).
+FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, value_sums=True)}
 
 
 @functools.partial(
@@ -183,6 +197,18 @@ def bucket_implementation(impl: str, segments: int, automatic: bool) -> str:
     return impl
 
 
+def value_columns(impl: str, head_dim: int) -> tuple[float, ...]:
+    """The columns `impl` wants appended to every head of v (the same in every row), or (): for fa4 at a head dim its
+    tile pads under a `value_sums` schedule (72 in a tile of 80), a one (the softmax's row sums ride in that column
+    of P·V) and zeros up to the tile's width. The output then comes back as wide: the appended columns hold ones and
+    zeros, the first `head_dim` are the attention (v's columns are the projection weights' to make: zero weights,
+    these as bias)."""
+    tile = FA4_TILES.get(head_dim)
+    if impl != "fa4" or tile is None or not tile.value_sums or fa4_tile_width(head_dim) == head_dim:
+        return ()
+    return (1.0,) + (0.0,) * (fa4_tile_width(head_dim) - head_dim - 1)
+
+
 def cudnn_packed_available() -> bool:
     """True on Hopper-or-newer GPUs with a JAX release the packed path was verified on."""
     gpu = jax.default_backend() == "gpu"
@@ -212,16 +238,24 @@ def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl: str = "reference") -> jax.Array:
-    """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, head_dim]` in q's dtype.
+    """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, v's width]` in q's dtype. v is
+    `[T, heads, head_dim]`, or wider by `value_columns(impl, head_dim)` (which fa4's kernel then relies on).
 
     With `segments.seq_axis`, q, k and v are this device's tokens of all heads: one all-to-all trades them for
     all tokens of this device's heads, the kernel runs on those, and a second all-to-all trades back (Ulysses;
-    q, k and v travel together since a small exchange costs its latency more than its bytes).
+    q, k and v travel together since a small exchange costs its latency more than its bytes; a wider v apart).
     """
     if segments.seq_axis is not None:
         axis = segments.seq_axis
-        qkv = jax.lax.all_to_all(jnp.stack([q, k, v]), axis, split_axis=2, concat_axis=1, tiled=True)
-        out = attention(*qkv, dataclasses.replace(segments, seq_axis=None), impl)
+
+        def trade(x: jax.Array) -> jax.Array:
+            return jax.lax.all_to_all(x, axis, split_axis=x.ndim - 2, concat_axis=x.ndim - 3, tiled=True)
+
+        local = dataclasses.replace(segments, seq_axis=None)
+        if v.shape == q.shape:
+            out = attention(*trade(jnp.stack([q, k, v])), local, impl)
+        else:
+            out = attention(*trade(jnp.stack([q, k])), trade(v), local, impl)
         return jax.lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
     if impl == "fa4":
         return _fa4(q, k, v, segments)
@@ -305,27 +339,34 @@ def _route_fa4_schedules() -> None:
     @functools.wraps(upstream)
     def get_fwd(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen=False):
         tile = FA4_TILES.get(head_dim)
-        if tile is None or arch // 10 != 9 or head_dim_v != head_dim or causal or local or mask_mod is not None:
+        ours = tile is not None and arch // 10 == 9 and not (causal or local) and mask_mod is None
+        if not ours or head_dim_v not in (head_dim, fa4_tile_width(head_dim)):
             return upstream(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen)
-        return _fa4_sm90_forward(tile, dtype, head_dim, qhead_per_kvhead, n_aux > 0)
+        return _fa4_sm90_forward(tile, dtype, head_dim, head_dim_v, qhead_per_kvhead, n_aux > 0)
 
     kernels._get_fwd = get_fwd
 
 
 @functools.cache
-def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, qhead_per_kvhead: int, aux: bool):
-    """The Hopper forward kernel object for one schedule; refused before launch when its buffers do not fit in
+def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, head_dim_v: int, qhead_per_kvhead: int, aux: bool):
+    """The Hopper forward kernel object for one schedule, V at `head_dim` or at the tile's width (then with the row
+    sums from its spare column under a `value_sums` schedule); refused before launch when its buffers do not fit in
     shared memory (an oversized launch fails inside CUDA and poisons the context)."""
     from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
     threads = (tile.m // 64 + 1) * 128  # one MMA warpgroup per 64 rows, plus the producer's
-    args = (dtype, head_dim, head_dim, tile.m, tile.n, tile.stages, threads, False)
+    args = (dtype, head_dim, head_dim_v, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
-    return FlashAttentionForwardSm90(
+    kind = FlashAttentionForwardSm90
+    if tile.value_sums and head_dim_v > head_dim:
+        from vitjax import fa4_sums
+
+        kind = fa4_sums.forward_class(head_dim)
+    return kind(
         dtype,
         head_dim,
-        head_dim,
+        head_dim_v,
         qhead_per_kvhead,
         is_causal=False,
         is_local=False,
@@ -368,7 +409,7 @@ def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, i
     seg = jnp.maximum(segments.ids, 0)
     back = seg * length + jnp.arange(tokens, dtype=jnp.int32) - segments.starts[seg]
     back = jnp.where(segments.ids >= 0, back, out.shape[0] * length)
-    return jnp.take(out.reshape(-1, *q.shape[1:]), back, axis=0, mode="fill", fill_value=0)
+    return jnp.take(out.reshape(-1, *v.shape[1:]), back, axis=0, mode="fill", fill_value=0)
 
 
 def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: int = 256) -> jax.Array:
@@ -401,4 +442,4 @@ def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: 
 
         return jax.lax.cond(any_bad, poison, lambda out: out, out).astype(q.dtype)
 
-    return jax.lax.map(one_block, (qb, ib)).reshape(padded, heads, dim)[:tokens]
+    return jax.lax.map(one_block, (qb, ib)).reshape(padded, heads, v.shape[-1])[:tokens]

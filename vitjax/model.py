@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vitjax.attention import Segments, attention
+from vitjax.attention import Segments, attention, value_columns
 from vitjax.config import VisionConfig
 from vitjax.layer_norm import layer_norm
 from vitjax.taps import buffer as tap_buffer
@@ -83,20 +83,32 @@ class Attention(nnx.Module):
         self.qkv = _linear(cfg.hidden_size, 3 * cfg.hidden_size, dtype, rngs)
         self.proj = _linear(cfg.hidden_size, cfg.hidden_size, dtype, rngs)
 
-    def qk_v(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """q|k `[T, 2, heads, head_dim]` and v `[T, heads, head_dim]` from two GEMMs over the one stored kernel:
-        v lands in a buffer of its own, which the attention kernel reads as it is (one product would leave v
-        to be copied out of it: bench/NOTES.md)."""
+    def qk_v(self, x: jax.Array, extra: tuple[float, ...] = ()) -> tuple[jax.Array, jax.Array]:
+        """q|k `[T, 2, heads, head_dim]` and v `[T, heads, head_dim + len(extra)]` from two GEMMs over the one stored
+        kernel: v lands in a buffer of its own, which the attention kernel reads as it is (one product would leave v
+        to be copied out of it: bench/NOTES.md). `extra`: columns appended to every head of v, made by zero weights
+        and these values as bias (`attention.value_columns`)."""
         w, b, d = self.qkv.kernel[...], self.qkv.bias[...], x.shape[-1]
         qk = _dense(self.qkv, x, w[:, : 2 * d], b[: 2 * d]).reshape(x.shape[0], 2, self.num_heads, self.head_dim)
-        v = _dense(self.qkv, x, w[:, 2 * d :], b[2 * d :]).reshape(x.shape[0], self.num_heads, self.head_dim)
+        wv, bv = w[:, 2 * d :], b[2 * d :]
+        if extra:
+            wv = jnp.pad(wv.reshape(d, self.num_heads, -1), ((0, 0), (0, 0), (0, len(extra)))).reshape(d, -1)
+            appended = jnp.broadcast_to(jnp.asarray(extra, bv.dtype), (self.num_heads, len(extra)))
+            bv = jnp.concatenate([bv.reshape(self.num_heads, -1), appended], axis=1).reshape(-1)
+        v = _dense(self.qkv, x, wv, bv).reshape(x.shape[0], self.num_heads, -1)
         return qk, v
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
-        qk, v = self.qk_v(x)
+        extra = value_columns(impl, self.head_dim)
+        qk, v = self.qk_v(x, extra)
         q, k = apply_rotary(qk[:, 0], cos, sin), apply_rotary(qk[:, 1], cos, sin)
-        out = attention(q, k, v, segments, impl)
-        return self.proj(out.reshape(x.shape))
+        out = attention(q, k, v, segments, impl).reshape(x.shape[0], -1)
+        if not extra:
+            return self.proj(out)
+        # the appended columns of the output (ones and zeros) meet zero rows of the projection
+        w = self.proj.kernel[...].reshape(self.num_heads, self.head_dim, -1)
+        w = jnp.pad(w, ((0, 0), (0, len(extra)), (0, 0))).reshape(out.shape[1], -1)
+        return _dense(self.proj, out, w, self.proj.bias[...])
 
 
 class MLP(nnx.Module):

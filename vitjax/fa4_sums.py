@@ -1,0 +1,130 @@
+"""fa4's Hopper forward with every row's softmax sum carried by P·V (imported only where fa4-jax is installed).
+
+fa4 runs head_dim 72 as 80 inside its tile, so its P·V GEMM computes eight output columns that nothing uses. Given V
+at the tile's width with ones in column `head_dim` (`attention.value_columns`), that output column is Σ P, and the
+online rescale of O (O ← α·O + P·V) is exactly the row sum's own recurrence (l ← α·l + Σ P): the tensor cores keep
+the sums, the softmax stops adding them (56 serial FADDs a thread for each step of 112 keys) and the epilogue divides
+O by that column. The sums are those of P as rounded to bf16 for the GEMM, the same P the numerator is made of.
+Reaches into fa4-jax 0.1.0's kernel module (its `Softmax`, swapped while the MMA warpgroups' code is traced, and the
+epilogue's signature): checked on `attention.FA4_VERIFIED` only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+import cutlass
+import cutlass.cute as cute
+from fa4_jax.cute import flash_fwd_sm90, utils
+from fa4_jax.cute.quack import layout_utils
+from fa4_jax.cute.softmax import Softmax
+
+LN2 = math.log(2.0)
+
+
+class _SoftmaxWithoutSums(Softmax):
+    """fa4's online softmax (row maxima, exponentials, the rescale factors) without the row sums."""
+
+    @staticmethod
+    def create(scale_log2, num_rows, arch=80, softmax_scale=None):
+        row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        return _SoftmaxWithoutSums(scale_log2, num_rows, row_max, row_sum, arch, softmax_scale)
+
+    @cute.jit
+    def online_softmax(
+        self, acc_S, is_first: cutlass.Constexpr[bool] = False, check_inf: cutlass.Constexpr[bool] = True
+    ):
+        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
+        row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
+        for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
+            scores = acc_S_mn[r, None].load()
+            init = None if cutlass.const_expr(is_first) else self.row_max[r]
+            current = utils.fmax_reduce(scores, init_val=init, arch=self.arch)
+            current = cute.arch.warp_reduction_max(current, threads_in_group=4)
+            previous = self.row_max[r]
+            self.row_max[r] = current
+            if cutlass.const_expr(check_inf):
+                current = 0.0 if current == -cutlass.Float32.inf else current
+            acc_S_mn[r, None].store(cute.math.exp2(scores * self.scale_log2 - current * self.scale_log2, fastmath=True))
+            if cutlass.const_expr(is_first):
+                row_scale[r] = 1.0
+            else:
+                row_scale[r] = cute.math.exp2((previous - current) * self.scale_log2, fastmath=True)
+        return row_scale
+
+    @cute.jit
+    def finalize(self, final_scale: cutlass.Float32 = 1.0, sink_val=None):
+        """O is divided by its sums in the epilogue; `row_sum` hands it each row's scaled maximum for the LSE."""
+        row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
+        row_scale.fill(final_scale)
+        for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
+            self.row_sum[r] = self.row_max[r] * self.scale_log2
+        return row_scale
+
+
+@functools.cache
+def forward_class(head_dim: int) -> type:
+    """`FlashAttentionForwardSm90` for q and k at `head_dim` (a multiple of 8) and V at the tile's width with its sum
+    column at `head_dim`."""
+    base = flash_fwd_sm90.FlashAttentionForwardSm90
+    # In a thread's (rows, columns) view of a wgmma accumulator, local columns 2j and 2j + 1 are global columns
+    # 8j + 2·(lane % 4) + (0, 1): local 2·head_dim/8 and the next cover columns head_dim .. head_dim + 7 over a quad of
+    # lanes, the sum column and zeros.
+    column = head_dim // 8 * 2
+
+    class SumsByTensorCores(base):
+        def mma(self, *args, **kwargs):
+            flash_fwd_sm90.Softmax = _SoftmaxWithoutSums
+            try:
+                return base.mma(self, *args, **kwargs)
+            finally:
+                flash_fwd_sm90.Softmax = Softmax
+
+        @cute.jit
+        def epilogue(
+            self,
+            acc_O,
+            lse,
+            mO,
+            mLSE,
+            sO,
+            seqlen,
+            gmem_tiled_copy_O,
+            tma_atom_O,
+            tiled_mma,
+            tidx,
+            m_block,
+            head_idx,
+            batch_idx,
+        ):
+            acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+            for r in cutlass.range(cute.size(acc_O_mn, mode=[0]), unroll_full=True):
+                total = utils.warp_reduce(acc_O_mn[r, column] + acc_O_mn[r, column + 1], operator.add, width=4)
+                empty = total == 0.0 or total != total  # a padding row: left as fa4 leaves it
+                scale = cute.arch.rcp_approx(total if not empty else 1.0)
+                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * scale)
+                if cutlass.const_expr(mLSE is not None):  # fa4's log-sum-exp, from the scaled maximum `finalize` left
+                    lse[r] = (
+                        (lse[r] + cute.math.log2(total, fastmath=True)) * LN2 if not empty else -cutlass.Float32.inf
+                    )
+            base.epilogue(
+                self,
+                acc_O,
+                lse,
+                mO,
+                mLSE,
+                sO,
+                seqlen,
+                gmem_tiled_copy_O,
+                tma_atom_O,
+                tiled_mma,
+                tidx,
+                m_block,
+                head_idx,
+                batch_idx,
+            )
+
+    return SumsByTensorCores
