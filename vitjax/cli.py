@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitjax
+from vitjax.attention import named_implementation
 from vitjax.buckets import FIT_GRANULE, BucketPolicy
 from vitjax.config import PRESETS, VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, path_error
@@ -193,8 +194,6 @@ def _encode(args: argparse.Namespace) -> int:
         if not dali.available():
             raise UsageError("--decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'")
     try:
-        from vitjax.attention import named_implementation
-
         named_implementation(None, args.dtype)  # $VITJAX_ATTENTION against --dtype
     except ValueError as e:
         raise UsageError(f"--dtype {args.dtype}: {e}") from e

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 import uuid
 from collections import deque
@@ -20,7 +19,6 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from vitjax import dali, layout, weights
-from vitjax.attention import ENV_VAR as ATTENTION_ENV
 from vitjax.attention import Segments, default_implementation, named_implementation
 from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cache import EmbeddingCache
@@ -95,9 +93,8 @@ class Encoder:
         # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's. The
         # flash paths take 16-bit towers only: a float32 one runs XLA's.
         gpus = all(d.platform == "gpu" for d in picked)
-        self.attention = named_implementation(attention, self.dtype) or (
-            default_implementation(self.dtype) if gpus else "reference"
-        )
+        named = named_implementation(attention, self.dtype)  # the argument, else $VITJAX_ATTENTION
+        self.attention = named or (default_implementation(self.dtype) if gpus else "reference")
         self.model_id = f"{model_id or uuid.uuid4()}:{self.dtype.name}"
         self.cache = EmbeddingCache(cache_bytes)
         self.images_encoded = 0
@@ -105,7 +102,7 @@ class Encoder:
         self._state = jax.device_put(state, picked[0])  # where the first engine runs (no copy when already there)
         self._forward = jax.jit(functools.partial(_forward, self._graph), static_argnames="impl")
         groups = device_groups(picked, sequence_parallel, cfg.num_heads)
-        automatic = attention is None and not os.environ.get(ATTENTION_ENV)
+        automatic = named is None
         engines = [Engine(cfg, self._graph, self._state, self.attention, buckets, group, automatic) for group in groups]
         self.parallel = DataParallel(engines)
         self._dali: dali.DaliRows | None = None  # built on first use of decoder="dali"
