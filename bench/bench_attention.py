@@ -115,7 +115,8 @@ def random_qkv(seed: int, tokens: int, dim: int) -> tuple[jax.Array, ...]:
 
 
 def errors(got: jax.Array, ref: np.ndarray, real: np.ndarray) -> dict:
-    diff = np.asarray(got, np.float32)[real] - ref[real]
+    """`got` (its first columns, as many as `ref` has) against `ref` over the real rows."""
+    diff = np.asarray(got, np.float32)[real][..., : ref.shape[-1]] - ref[real]
     return {
         "max_abs_err": float(np.abs(diff).max()),
         "rel_l2_err": float(np.linalg.norm(diff) / np.linalg.norm(ref[real])),
@@ -124,7 +125,19 @@ def errors(got: jax.Array, ref: np.ndarray, real: np.ndarray) -> dict:
 
 
 def run_fn(impl: str, seg: attention.Segments):
-    return jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))
+    """`impl`'s jitted call on q, k, v at head_dim, with v first widened as the path takes it in the tower
+    (`attention.value_columns`; once per v, outside the call, since the tower's v GEMM writes it wide). The output
+    comes back as wide; `errors` reads its first head_dim columns."""
+    fn = jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))
+    wide: dict = {}
+
+    def call(q, k, v):
+        columns = attention.value_columns(impl, v.shape[-1])
+        if columns and wide.get("of") is not v:
+            wide.update(of=v, v=attention.widen(v, columns))
+        return fn(q, k, wide["v"] if columns else v)
+
+    return call
 
 
 def checked(impls: list[str], seg: attention.Segments, q, k, v) -> tuple[dict, dict]:

@@ -37,16 +37,11 @@ FA4 = {
 SUMS = attention.value_columns("fa4", HEAD_DIM)  # V's appended columns under the shipped (value_sums) schedule
 
 
-def widened(v: jax.Array, columns: tuple[float, ...]) -> jax.Array:
-    """v `[T, H, 72]` with `columns` appended to every row of every head."""
-    return jnp.concatenate([v, jnp.broadcast_to(jnp.asarray(columns, v.dtype), (*v.shape[:-1], len(columns)))], -1)
-
-
 def inputs(name: str, q, k, v, ones: bool = True) -> tuple:
     """A variant's q, k, v (`ones=False`: V widened with zeros only)."""
     if name not in FA4 or not FA4[name][1]:
         return q, k, v
-    return q, k, widened(v, SUMS if ones and name == "vsum" else (0.0,) * len(SUMS))
+    return q, k, attention.widen(v, SUMS if ones and name == "vsum" else (0.0,) * len(SUMS))
 
 
 def compiled(name: str, seg: attention.Segments, args: tuple):

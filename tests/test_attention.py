@@ -184,7 +184,7 @@ def test_a_wider_v_comes_back_as_wide():
     rng = np.random.default_rng(8)
     q, k, v = (jnp.asarray(rng.standard_normal((128, 4, 72), np.float32)) for _ in range(3))
     columns = (1.0,) + (0.0,) * 7
-    wide = jnp.concatenate([v, jnp.broadcast_to(jnp.asarray(columns), (128, 4, 8))], axis=-1)
+    wide = attention.widen(v, columns)
     real = packed.segment_ids >= 0
     narrow = np.asarray(attention.attention(q, k, v, _segments(packed), "reference"))[real]
     whole = np.asarray(attention.attention(q, k, wide, _segments(packed), "reference"))[real]

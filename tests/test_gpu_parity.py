@@ -201,7 +201,7 @@ def test_fa4_value_sums_agree(grids, slots):
     seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=4096)
     rng = np.random.default_rng(3)
     q, k, v = (jnp.asarray(rng.standard_normal((6144, 16, 72)), jnp.bfloat16) for _ in range(3))
-    wide = jnp.concatenate([v, jnp.broadcast_to(jnp.asarray(columns, v.dtype), (6144, 16, len(columns)))], -1)
+    wide = attention.widen(v, columns)
     real = packed.segment_ids >= 0
     ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)[real]
     got = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4"), np.float32)[real]

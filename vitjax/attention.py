@@ -209,6 +209,15 @@ def value_columns(impl: str, head_dim: int) -> tuple[float, ...]:
     return (1.0,) + (0.0,) * (fa4_tile_width(head_dim) - head_dim - 1)
 
 
+def widen(v: jax.Array, columns: tuple[float, ...]) -> jax.Array:
+    """v `[T, heads, head_dim]` with `columns` appended to every row of every head (a copy: for checks and benchmarks;
+    the tower's v GEMM writes `value_columns` itself)."""
+    if not columns:
+        return v
+    appended = jnp.broadcast_to(jnp.asarray(columns, v.dtype), (*v.shape[:-1], len(columns)))
+    return jnp.concatenate([v, appended], axis=-1)
+
+
 def cudnn_packed_available() -> bool:
     """True on Hopper-or-newer GPUs with a JAX release the packed path was verified on."""
     gpu = jax.default_backend() == "gpu"
