@@ -126,13 +126,15 @@ def errors(got: jax.Array, ref: np.ndarray, real: np.ndarray) -> dict:
 
 def run_fn(impl: str, seg: attention.Segments):
     """`impl`'s jitted call on q, k, v at head_dim, with v first widened as the path takes it in the tower
-    (`attention.value_columns`; once per v, outside the call, since the tower's v GEMM writes it wide). The output
-    comes back as wide; `errors` reads its first head_dim columns."""
+    (`attention.value_columns` under the fa4 schedule of the first call, which traces it; once per v, outside the
+    call, since the tower's v GEMM writes it wide). The output comes back as wide; `errors` reads its first head_dim
+    columns."""
     fn = jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))
+    pinned: dict = {}
     wide: dict = {}
 
     def call(q, k, v):
-        columns = attention.value_columns(impl, v.shape[-1])
+        columns = pinned.setdefault(v.shape[-1], attention.value_columns(impl, v.shape[-1]))
         if columns and wide.get("of") is not v:
             wide.update(of=v, v=attention.widen(v, columns))
         return fn(q, k, wide["v"] if columns else v)
