@@ -64,23 +64,21 @@ class Fa4Tile:
     p_in_registers: bool
     stages: int = 2
     value_sums: bool = False
-    lazy_rescale: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum)?(:lazy)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum)?", text.strip())
         if found is None:
             raise ValueError(
                 f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages and ':vsum', e.g. 192x144ss or "
                 "192x112rs3:vsum"
             )
-        m, n, mode, stages, sums, lazy = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), sums is not None, lazy is not None)
+        m, n, mode, stages, sums = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2), sums is not None)
 
     def __str__(self) -> str:
         stages = self.stages if self.stages != 2 else ""
-        suffix = (":vsum" if self.value_sums else "") + (":lazy" if self.lazy_rescale else "")
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{suffix}"
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{':vsum' if self.value_sums else ''}"
 
 
 def fa4_tile_width(head_dim: int) -> int:
@@ -373,7 +371,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, head_dim_v: int, qhea
     if tile.value_sums and head_dim_v > head_dim:
         from vitjax import fa4_sums
 
-        kind = fa4_sums.forward_class(head_dim, tile.lazy_rescale)
+        kind = fa4_sums.forward_class(head_dim)
     return kind(
         dtype,
         head_dim,

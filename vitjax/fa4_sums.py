@@ -25,17 +25,13 @@ LN2 = math.log(2.0)
 
 
 class _SoftmaxWithoutSums(Softmax):
-    """fa4's online softmax (row maxima, exponentials, the rescale factors) without the row sums. With `LAZY` a row
-    keeps its maximum until a new one exceeds it by more than 2^8 (fa4's Blackwell rule for 16-bit P: P stays below
-    256, exact enough in bf16), and O is rescaled only in the steps where a maximum moved."""
+    """fa4's online softmax (row maxima, exponentials, the rescale factors) without the row sums."""
 
-    LAZY = False
-
-    @classmethod
-    def create(cls, scale_log2, num_rows, arch=80, softmax_scale=None):
+    @staticmethod
+    def create(scale_log2, num_rows, arch=80, softmax_scale=None):
         row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         row_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-        return cls(scale_log2, num_rows, row_max, row_sum, arch, softmax_scale)
+        return _SoftmaxWithoutSums(scale_log2, num_rows, row_max, row_sum, arch, softmax_scale)
 
     @cute.jit
     def online_softmax(
@@ -49,9 +45,6 @@ class _SoftmaxWithoutSums(Softmax):
             current = utils.fmax_reduce(scores, init_val=init, arch=self.arch)
             current = cute.arch.warp_reduction_max(current, threads_in_group=4)
             previous = self.row_max[r]
-            if cutlass.const_expr(self.LAZY and not is_first):  # noqa: SIM102 (a static branch, then a dynamic one)
-                if (current - previous) * self.scale_log2 <= 8.0:
-                    current = previous
             self.row_max[r] = current
             if cutlass.const_expr(check_inf):
                 current = 0.0 if current == -cutlass.Float32.inf else current
@@ -63,15 +56,6 @@ class _SoftmaxWithoutSums(Softmax):
         return row_scale
 
     @cute.jit
-    def rescale_O(self, acc_O, row_scale) -> None:
-        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-        for r in cutlass.range(cute.size(row_scale), unroll_full=True):
-            if cutlass.const_expr(not self.LAZY):  # noqa: SIM114 (a static branch, then a dynamic one)
-                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
-            elif row_scale[r] != 1.0:
-                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
-
-    @cute.jit
     def finalize(self, final_scale: cutlass.Float32 = 1.0, sink_val=None):
         """O is divided by its sums in the epilogue; `row_sum` hands it each row's scaled maximum for the LSE."""
         row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
@@ -81,16 +65,11 @@ class _SoftmaxWithoutSums(Softmax):
         return row_scale
 
 
-class _LazySoftmaxWithoutSums(_SoftmaxWithoutSums):
-    LAZY = True
-
-
 @functools.cache
-def forward_class(head_dim: int, lazy: bool = False) -> type:
+def forward_class(head_dim: int) -> type:
     """`FlashAttentionForwardSm90` for q and k at `head_dim` (a multiple of 8) and V at the tile's width with its sum
-    column at `head_dim`; `lazy`: the softmax's lazy rescale."""
+    column at `head_dim`."""
     base = flash_fwd_sm90.FlashAttentionForwardSm90
-    softmax = _LazySoftmaxWithoutSums if lazy else _SoftmaxWithoutSums
     # In a thread's (rows, columns) view of a wgmma accumulator, local columns 2j and 2j + 1 are global columns
     # 8j + 2·(lane % 4) + (0, 1): local 2·head_dim/8 and the next cover columns head_dim .. head_dim + 7 over a quad of
     # lanes, the sum column and zeros.
@@ -98,7 +77,7 @@ def forward_class(head_dim: int, lazy: bool = False) -> type:
 
     class SumsByTensorCores(base):
         def mma(self, *args, **kwargs):
-            flash_fwd_sm90.Softmax = softmax
+            flash_fwd_sm90.Softmax = _SoftmaxWithoutSums
             try:
                 return base.mma(self, *args, **kwargs)
             finally:
