@@ -84,22 +84,8 @@ def forward_class(head_dim: int) -> type:
                 flash_fwd_sm90.Softmax = Softmax
 
         @cute.jit
-        def epilogue(
-            self,
-            acc_O,
-            lse,
-            mO,
-            mLSE,
-            sO,
-            seqlen,
-            gmem_tiled_copy_O,
-            tma_atom_O,
-            tiled_mma,
-            tidx,
-            m_block,
-            head_idx,
-            batch_idx,
-        ):
+        def epilogue(self, acc_O, lse, mO, mLSE, *rest):
+            """Divide O by its sum column (and finish the LSE where one is written), then fa4's epilogue."""
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
             for r in cutlass.range(cute.size(acc_O_mn, mode=[0]), unroll_full=True):
                 total = utils.warp_reduce(acc_O_mn[r, column] + acc_O_mn[r, column + 1], operator.add, width=4)
@@ -110,21 +96,6 @@ def forward_class(head_dim: int) -> type:
                     lse[r] = (
                         (lse[r] + cute.math.log2(total, fastmath=True)) * LN2 if not empty else -cutlass.Float32.inf
                     )
-            base.epilogue(
-                self,
-                acc_O,
-                lse,
-                mO,
-                mLSE,
-                sO,
-                seqlen,
-                gmem_tiled_copy_O,
-                tma_atom_O,
-                tiled_mma,
-                tidx,
-                m_block,
-                head_idx,
-                batch_idx,
-            )
+            base.epilogue(self, acc_O, lse, mO, mLSE, *rest)
 
     return SumsByTensorCores
