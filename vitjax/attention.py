@@ -9,8 +9,8 @@ unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller
   sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy), and
   V comes at 80 with the softmax's row sums riding in its column 72 (`value_columns`: the tower makes it so).
   The default on Hopper where installed (`bench/NOTES.md` has the measurements), pinned like the cuDNN entry
-  point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages) is
-  ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
+  point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages, whether
+  V carries the sums) is ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
 - `cudnn_packed`: cuDNN flash attention on the packed `[1, T, heads, head_dim]` sequence with per-segment
   offsets and lengths (its ragged "THD" layout). Only JAX's private cuDNN module exposes offsets, so the
   import is guarded and pinned to the JAX versions it was verified on.
@@ -90,7 +90,8 @@ def fa4_tile_width(head_dim: int) -> int:
 # 72 (the 8B-and-larger towers), P in registers with 112 keys a step and 3 K/V stages: 2-5% faster than FA3's
 # 192x144ss (P through shared memory) alone, -0.8% on the 20-photo scan, same errors (H200, `bench_fa4_tiles.py`,
 # bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
-# V at the tile's width 80 with the row sums in its column 72: -8 to -10% alone (H100, `bench_fa4_rowsum.py`).
+# V at the tile's width 80 with the row sums in its column 72 (`:vsum`): -10 to -11% alone, -3 to -4% on the 20-photo
+# tower device-only (H100, `bench_fa4_sums.py`, `bench_vit.py`).
 FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, value_sums=True)}
 
 
@@ -209,13 +210,13 @@ def value_columns(impl: str, head_dim: int) -> tuple[float, ...]:
     return (1.0,) + (0.0,) * (fa4_tile_width(head_dim) - head_dim - 1)
 
 
-def widen(v: jax.Array, columns: tuple[float, ...]) -> jax.Array:
-    """v `[T, heads, head_dim]` with `columns` appended to every row of every head (a copy: for checks and benchmarks;
-    the tower's v GEMM writes `value_columns` itself)."""
+def widen(x: jax.Array, columns: tuple[float, ...]) -> jax.Array:
+    """x `[..., width]` with `columns` appended to every row: v `[T, heads, head_dim]` as `value_columns` wants it
+    (a copy, for checks and benchmarks; the tower's v GEMM writes them itself, from v's bias widened this way)."""
     if not columns:
-        return v
-    appended = jnp.broadcast_to(jnp.asarray(columns, v.dtype), (*v.shape[:-1], len(columns)))
-    return jnp.concatenate([v, appended], axis=-1)
+        return x
+    appended = jnp.broadcast_to(jnp.asarray(columns, x.dtype), (*x.shape[:-1], len(columns)))
+    return jnp.concatenate([x, appended], axis=-1)
 
 
 def cudnn_packed_available() -> bool:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vitjax.attention import Segments, attention, value_columns
+from vitjax.attention import Segments, attention, value_columns, widen
 from vitjax.config import VisionConfig
 from vitjax.layer_norm import layer_norm
 from vitjax.taps import buffer as tap_buffer
@@ -93,8 +93,7 @@ class Attention(nnx.Module):
         wv, bv = w[:, 2 * d :], b[2 * d :]
         if extra:
             wv = jnp.pad(wv.reshape(d, self.num_heads, -1), ((0, 0), (0, 0), (0, len(extra)))).reshape(d, -1)
-            appended = jnp.broadcast_to(jnp.asarray(extra, bv.dtype), (self.num_heads, len(extra)))
-            bv = jnp.concatenate([bv.reshape(self.num_heads, -1), appended], axis=1).reshape(-1)
+            bv = widen(bv.reshape(self.num_heads, -1), extra).reshape(-1)
         v = _dense(self.qkv, x, wv, bv).reshape(x.shape[0], self.num_heads, -1)
         return qk, v
 
