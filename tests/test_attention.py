@@ -141,13 +141,16 @@ def test_fa4_needs_its_package():
         ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
         ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
         ("192x112rs3:vsum", attention.Fa4Tile(192, 112, True, 3, value_sums=True)),
+        ("192x112rs3:vsum:fix", attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)),
     ],
 )
 def test_fa4_tile_names(text, tile):
     assert attention.Fa4Tile.parse(text) == tile and str(tile) == text
 
 
-@pytest.mark.parametrize("text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x", "192x112rs3:sum"])
+@pytest.mark.parametrize(
+    "text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x", "192x112rs3:sum", "192x112rs3:fix"]
+)
 def test_fa4_tile_bad_names(text):
     with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
         attention.Fa4Tile.parse(text)

@@ -56,29 +56,33 @@ class Fa4Tile:
     """One schedule of fa4's Hopper forward: `m` query rows per thread block (64 per MMA warpgroup: 2 or 3 of
     them), `n` keys per step, P handed to the PV GEMM in registers (`p_in_registers`, 'rs') or through shared
     memory ('ss'), `stages` K/V buffers, and `value_sums`: where the tile pads the head dim, V is taken at the tile's
-    width with the softmax's row sums carried by its first spare column (`value_columns`, `vitjax.fa4_sums`).
-    Written like "192x144ss", "128x176rs3" (stages when not 2) or "192x112rs3:vsum"."""
+    width with the softmax's row sums carried by its first spare column (`value_columns`, `vitjax.fa4_sums`); with
+    them `fixed_shift`: each row's exponentials shifted by its maximum over the first block of keys, no running maximum
+    and no rescale of O after it (`_fa4` catches the rows that would overflow). Written like "192x144ss", "128x176rs3"
+    (stages when not 2), "192x112rs3:vsum" or "192x112rs3:vsum:fix"."""
 
     m: int
     n: int
     p_in_registers: bool
     stages: int = 2
     value_sums: bool = False
+    fixed_shift: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum(:fix)?)?", text.strip())
         if found is None:
             raise ValueError(
-                f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages and ':vsum', e.g. 192x144ss or "
-                "192x112rs3:vsum"
+                f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages, ':vsum' and ':vsum:fix', e.g. "
+                "192x144ss or 192x112rs3:vsum:fix"
             )
-        m, n, mode, stages, sums = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), sums is not None)
+        m, n, mode, stages, sums, fixed = found.groups()
+        return cls(int(m), int(n), mode == "rs", int(stages or 2), sums is not None, fixed is not None)
 
     def __str__(self) -> str:
         stages = self.stages if self.stages != 2 else ""
-        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{':vsum' if self.value_sums else ''}"
+        suffix = (":vsum" if self.value_sums else "") + (":fix" if self.fixed_shift else "")
+        return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{suffix}"
 
 
 def fa4_tile_width(head_dim: int) -> int:
@@ -92,7 +96,7 @@ def fa4_tile_width(head_dim: int) -> int:
 # bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
 # V at the tile's width 80 with the row sums in its column 72 (`:vsum`): -10 to -11% alone, -3 to -4% on the 20-photo
 # tower device-only (H100, `bench_fa4_sums.py`, `bench_vit.py`).
-FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, value_sums=True)}
+FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)}
 
 
 @functools.partial(
@@ -316,12 +320,28 @@ def cu_seqlens(segments: Segments, tokens: int) -> jax.Array:
 
 
 def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
-    """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten."""
+    """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten.
+
+    Under a `fixed_shift` schedule a row whose scores outgrow its first block's maximum by far enough to risk overflow
+    comes back with a NaN log-sum-exp; then the call runs again with fa4's online maximum (V without its appended
+    columns, which are put back), so the result is the same either way."""
     from fa4_jax import flash_attn_varlen
 
     _route_fa4_schedules()
     cu = cu_seqlens(segments, q.shape[0])
-    return flash_attn_varlen(q, k, v, cu, cu, seqused_q=segments.lengths, seqused_k=segments.lengths)
+    used = segments.lengths
+    call = functools.partial(flash_attn_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used)
+    head_dim = q.shape[-1]
+    tile = FA4_TILES.get(head_dim)
+    if tile is None or not tile.fixed_shift or v.shape[-1] == head_dim:
+        return call(q, k, v)
+    out, lse = call(q, k, v, return_lse=True)
+    overflowed = jnp.any(jnp.isnan(lse) & (segments.ids >= 0)[None])
+
+    def online(out: jax.Array) -> jax.Array:
+        return widen(call(q, k, v[..., :head_dim]), value_columns("fa4", head_dim))
+
+    return jax.lax.cond(overflowed, online, lambda out: out, out)
 
 
 def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
@@ -372,7 +392,7 @@ def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, head_dim_v: int, qhea
     if tile.value_sums and head_dim_v > head_dim:
         from vitjax import fa4_sums
 
-        kind = fa4_sums.forward_class(head_dim)
+        kind = fa4_sums.forward_class(head_dim, tile.fixed_shift)
     return kind(
         dtype,
         head_dim,

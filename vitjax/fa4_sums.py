@@ -22,16 +22,19 @@ from fa4_jax.cute.quack import layout_utils
 from fa4_jax.cute.softmax import Softmax
 
 LN2 = math.log(2.0)
+OVERFLOW = 2.0**64
 
 
 class _SoftmaxWithoutSums(Softmax):
     """fa4's online softmax (row maxima, exponentials, the rescale factors) without the row sums."""
 
-    @staticmethod
-    def create(scale_log2, num_rows, arch=80, softmax_scale=None):
+    FIXED = False
+
+    @classmethod
+    def create(cls, scale_log2, num_rows, arch=80, softmax_scale=None):
         row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         row_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-        return _SoftmaxWithoutSums(scale_log2, num_rows, row_max, row_sum, arch, softmax_scale)
+        return cls(scale_log2, num_rows, row_max, row_sum, arch, softmax_scale)
 
     @cute.jit
     def online_softmax(
@@ -41,19 +44,34 @@ class _SoftmaxWithoutSums(Softmax):
         row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
         for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
             scores = acc_S_mn[r, None].load()
-            init = None if cutlass.const_expr(is_first) else self.row_max[r]
-            current = utils.fmax_reduce(scores, init_val=init, arch=self.arch)
-            current = cute.arch.warp_reduction_max(current, threads_in_group=4)
-            previous = self.row_max[r]
-            self.row_max[r] = current
-            if cutlass.const_expr(check_inf):
-                current = 0.0 if current == -cutlass.Float32.inf else current
-            acc_S_mn[r, None].store(cute.math.exp2(scores * self.scale_log2 - current * self.scale_log2, fastmath=True))
-            if cutlass.const_expr(is_first):
+            if cutlass.const_expr(self.FIXED and not is_first):  # the shift the first block set
+                acc_S_mn[r, None].store(cute.math.exp2(scores * self.scale_log2 - self.row_max[r], fastmath=True))
                 row_scale[r] = 1.0
             else:
-                row_scale[r] = cute.math.exp2((previous - current) * self.scale_log2, fastmath=True)
+                init = None if cutlass.const_expr(is_first) else self.row_max[r]
+                current = utils.fmax_reduce(scores, init_val=init, arch=self.arch)
+                current = cute.arch.warp_reduction_max(current, threads_in_group=4)
+                previous = self.row_max[r]
+                self.row_max[r] = current
+                if cutlass.const_expr(check_inf):
+                    current = 0.0 if current == -cutlass.Float32.inf else current
+                if cutlass.const_expr(self.FIXED):
+                    self.row_max[r] = current * self.scale_log2
+                acc_S_mn[r, None].store(
+                    cute.math.exp2(scores * self.scale_log2 - current * self.scale_log2, fastmath=True)
+                )
+                if cutlass.const_expr(is_first):
+                    row_scale[r] = 1.0
+                else:
+                    row_scale[r] = cute.math.exp2((previous - current) * self.scale_log2, fastmath=True)
         return row_scale
+
+    @cute.jit
+    def rescale_O(self, acc_O, row_scale) -> None:
+        if cutlass.const_expr(not self.FIXED):
+            acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+            for r in cutlass.range(cute.size(row_scale), unroll_full=True):
+                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * row_scale[r])
 
     @cute.jit
     def finalize(self, final_scale: cutlass.Float32 = 1.0, sink_val=None):
@@ -61,15 +79,20 @@ class _SoftmaxWithoutSums(Softmax):
         row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
         row_scale.fill(final_scale)
         for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
-            self.row_sum[r] = self.row_max[r] * self.scale_log2
+            self.row_sum[r] = self.row_max[r] if cutlass.const_expr(self.FIXED) else self.row_max[r] * self.scale_log2
         return row_scale
 
 
+class _FixedShiftSoftmax(_SoftmaxWithoutSums):
+    FIXED = True
+
+
 @functools.cache
-def forward_class(head_dim: int) -> type:
+def forward_class(head_dim: int, fixed_shift: bool = False) -> type:
     """`FlashAttentionForwardSm90` for q and k at `head_dim` (a multiple of 8) and V at the tile's width with its sum
     column at `head_dim`."""
     base = flash_fwd_sm90.FlashAttentionForwardSm90
+    softmax = _FixedShiftSoftmax if fixed_shift else _SoftmaxWithoutSums
     # In a thread's (rows, columns) view of a wgmma accumulator, local columns 2j and 2j + 1 are global columns
     # 8j + 2·(lane % 4) + (0, 1): local 2·head_dim/8 and the next cover columns head_dim .. head_dim + 7 over a quad of
     # lanes, the sum column and zeros.
@@ -77,7 +100,7 @@ def forward_class(head_dim: int) -> type:
 
     class SumsByTensorCores(base):
         def mma(self, *args, **kwargs):
-            flash_fwd_sm90.Softmax = _SoftmaxWithoutSums
+            flash_fwd_sm90.Softmax = softmax
             try:
                 return base.mma(self, *args, **kwargs)
             finally:
@@ -90,6 +113,8 @@ def forward_class(head_dim: int) -> type:
             for r in cutlass.range(cute.size(acc_O_mn, mode=[0]), unroll_full=True):
                 total = utils.warp_reduce(acc_O_mn[r, column] + acc_O_mn[r, column + 1], operator.add, width=4)
                 empty = total == 0.0 or total != total  # a padding row: left as fa4 leaves it
+                if cutlass.const_expr(fixed_shift):  # a score far past the first block's maximum: poison the row
+                    total = total if total < OVERFLOW else cutlass.Float32.nan
                 scale = cute.arch.rcp_approx(total if not empty else 1.0)
                 acc_O_mn[r, None].store(acc_O_mn[r, None].load() * scale)
                 if cutlass.const_expr(mLSE is not None):  # fa4's log-sum-exp, from the scaled maximum `finalize` left
