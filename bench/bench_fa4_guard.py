@@ -1,0 +1,128 @@
+"""How the fixed-shift fa4 kernel's overflow check is put together in XLA, and what each form costs, 20 x 4800 at 72.
+
+The fixed-shift schedule (`192x112rs3:vsum:fix`) poisons the rows whose scores outgrow their first block's maximum
+(NaN log-sum-exp); the call must then run again with the online maximum. In the 20-photo tower the first form
+(`lax.cond` passing the kernel's output through) cost a 252 MB device copy a block (`memcpy128`, 4.3 ms a call). The
+forms, each alone and inside a 4-step `lax.scan` whose next q is the last output (as the tower's blocks chain):
+- `kernel`: the fixed-shift kernel, unguarded; `kernel_lse`: the same with its log-sum-exp written;
+- `cond`: `lax.cond(overflowed, online, identity, out)`;
+- `cond_dus`: the same with the online result written over the operand (`dynamic_update_slice`);
+- `while`: a `while_loop` that runs the online call at most once, the output its carry;
+- `online`: the online-maximum kernel (`192x112rs3:vsum`), the schedule before.
+Rows carry the median ms and the number of copy instructions in the optimized program.
+
+    PYTHONPATH=.:bench python bench/bench_fa4_guard.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_attention import CASES, case_segments, errors, pipelined_ms, random_qkv, recorder, rotating_rounds
+
+from vitjax import attention
+
+HEAD_DIM = 72
+FIX, ONLINE = attention.Fa4Tile.parse("192x112rs3:vsum:fix"), attention.Fa4Tile.parse("192x112rs3:vsum")
+
+
+def forms(seg: attention.Segments) -> dict:
+    from fa4_jax import flash_attn_varlen
+
+    attention._route_fa4_schedules()  # our schedules (`FA4_TILES`) for the calls made here directly
+    cu, used = attention.cu_seqlens(seg, seg.ids.shape[0]), seg.lengths
+    call = functools.partial(flash_attn_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used)
+    columns = attention.value_columns("fa4", HEAD_DIM)
+
+    def checked(q, k, v):
+        out, lse = call(q, k, v, return_lse=True)
+        return out, jnp.any(jnp.isnan(lse) & (seg.ids >= 0)[None])
+
+    def online(q, k, v):
+        return attention.widen(call(q, k, v[..., :HEAD_DIM]), columns)
+
+    def cond(q, k, v):
+        out, bad = checked(q, k, v)
+        return jax.lax.cond(bad, lambda o: online(q, k, v), lambda o: o, out)
+
+    def cond_dus(q, k, v):
+        out, bad = checked(q, k, v)
+        return jax.lax.cond(
+            bad, lambda o: jax.lax.dynamic_update_slice(o, online(q, k, v), (0, 0, 0)), lambda o: o, out
+        )
+
+    def loop(q, k, v):
+        out, bad = checked(q, k, v)
+        return jax.lax.while_loop(lambda c: c[1], lambda c: (online(q, k, v), jnp.bool_(False)), (out, bad))[0]
+
+    return {
+        "kernel": lambda q, k, v: call(q, k, v),
+        "kernel_lse": lambda q, k, v: checked(q, k, v)[0],
+        "cond": cond,
+        "cond_dus": cond_dus,
+        "while": loop,
+        "online": lambda q, k, v: call(q, k, v),
+    }
+
+
+def scanned(fn):
+    """`fn` four times, each step's q the previous output's first 72 columns."""
+
+    def run(q, k, v):
+        def step(q, _):
+            return fn(q, k, v)[..., :HEAD_DIM].astype(q.dtype), None
+
+        return jax.lax.scan(step, q, None, length=4)[0]
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    rows, emit = recorder("bench_fa4_guard", args.out)
+    grids, tokens, slots = CASES["20x4800"]
+    seg = case_segments(grids, tokens, slots)
+    q, k, v = random_qkv(0, tokens, HEAD_DIM)
+    v = attention.widen(v, attention.value_columns("fa4", HEAD_DIM))
+    real = np.asarray(seg.ids) >= 0
+    ref = np.asarray(attention.attention(q, k, v[..., :HEAD_DIM], seg, "reference"), np.float32)
+    shipped = attention.FA4_TILES.get(HEAD_DIM)
+    fns = {}
+    try:
+        for name, fn in forms(seg).items():
+            attention.set_fa4_tile(HEAD_DIM, ONLINE if name == "online" else FIX)
+            for kind, f in (("alone", fn), ("scan4", scanned(fn))):
+                exe = jax.jit(f).lower(q, k, v).compile()
+                copies = sum(" copy(" in line or "copy-start" in line for line in exe.as_text().splitlines())
+                fns[(name, kind)] = (exe, copies)
+            emit({"what": "check", "variant": name, **errors(fns[(name, "alone")][0](q, k, v), ref, real)})
+    finally:
+        attention.set_fa4_tile(HEAD_DIM, shipped)
+    times: dict = {key: [] for key in fns}
+    for _, key in rotating_rounds(list(fns), args.rounds):
+        times[key].append(pipelined_ms(fns[key][0], q, k, v))
+    for (name, kind), ms in times.items():
+        emit(
+            {
+                "what": "time",
+                "variant": name,
+                "form": kind,
+                "ms": float(np.median(ms)),
+                "ms_rounds": ms,
+                "copies": fns[(name, kind)][1],
+            }
+        )
+    for r in rows:
+        if r["what"] == "time":
+            print(f"{r['variant']:<12}{r['form']:<7}{r['ms']:>8.3f} ms  copies {r['copies']}")
+
+
+if __name__ == "__main__":
+    main()
