@@ -4,7 +4,8 @@ The fixed-shift schedule (`192x112rs3:vsum:fix`) poisons the rows whose scores o
 (NaN log-sum-exp); the call must then run again with the online maximum. In the 20-photo tower the first form
 (`lax.cond` passing the kernel's output through) cost a 252 MB device copy a block (`memcpy128`, 4.3 ms a call). The
 forms, each alone and inside a 4-step `lax.scan` whose next q is the last output (as the tower's blocks chain):
-- `kernel`: the fixed-shift kernel, unguarded; `kernel_lse`: the same with its log-sum-exp written;
+- `kernel`: the fixed-shift kernel, unguarded; `kernel_lse`: the same with its log-sum-exp written; `check_only`:
+  that and the reduction to one flag, no second call;
 - `cond`: `lax.cond(overflowed, online, identity, out)`;
 - `cond_dus`: the same with the online result written over the operand (`dynamic_update_slice`);
 - `while`: a `while_loop` that runs the online call at most once, the output its carry;
@@ -62,6 +63,7 @@ def forms(seg: attention.Segments) -> dict:
     return {
         "kernel": lambda q, k, v: call(q, k, v),
         "kernel_lse": lambda q, k, v: checked(q, k, v)[0],
+        "check_only": checked,
         "cond": cond,
         "cond_dus": cond_dus,
         "while": loop,
@@ -73,10 +75,14 @@ def scanned(fn):
     """`fn` four times, each step's q the previous output's first 72 columns."""
 
     def run(q, k, v):
-        def step(q, _):
-            return fn(q, k, v)[..., :HEAD_DIM].astype(q.dtype), None
+        def step(carry, _):
+            q, flag = carry
+            out = fn(q, k, v)
+            if isinstance(out, tuple):  # `check_only`: the flag is kept, so its reduction runs
+                out, flag = out[0], flag | out[1]
+            return (out[..., :HEAD_DIM].astype(q.dtype), flag), None
 
-        return jax.lax.scan(step, q, None, length=4)[0]
+        return jax.lax.scan(step, (q, jnp.bool_(False)), None, length=4)[0]
 
     return run
 
@@ -84,10 +90,19 @@ def scanned(fn):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default="20x4800,1x3520")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     rows, emit = recorder("bench_fa4_guard", args.out)
-    grids, tokens, slots = CASES["20x4800"]
+    for case in args.cases.split(","):
+        run_case(case, args.rounds, emit)
+    for r in rows:
+        if r["what"] == "time":
+            print(f"{r['case']:<10}{r['variant']:<12}{r['form']:<7}{r['ms']:>8.3f} ms  copies {r['copies']}")
+
+
+def run_case(case: str, rounds: int, emit) -> None:
+    grids, tokens, slots = CASES[case]
     seg = case_segments(grids, tokens, slots)
     q, k, v = random_qkv(0, tokens, HEAD_DIM)
     v = attention.widen(v, attention.value_columns("fa4", HEAD_DIM))
@@ -102,15 +117,18 @@ def main() -> None:
                 exe = jax.jit(f).lower(q, k, v).compile()
                 copies = sum(" copy(" in line or "copy-start" in line for line in exe.as_text().splitlines())
                 fns[(name, kind)] = (exe, copies)
-            emit({"what": "check", "variant": name, **errors(fns[(name, "alone")][0](q, k, v), ref, real)})
+            got = fns[(name, "alone")][0](q, k, v)
+            got = got[0] if isinstance(got, tuple) else got
+            emit({"case": case, "what": "check", "variant": name, **errors(got, ref, real)})
     finally:
         attention.set_fa4_tile(HEAD_DIM, shipped)
     times: dict = {key: [] for key in fns}
-    for _, key in rotating_rounds(list(fns), args.rounds):
+    for _, key in rotating_rounds(list(fns), rounds):
         times[key].append(pipelined_ms(fns[key][0], q, k, v))
     for (name, kind), ms in times.items():
         emit(
             {
+                "case": case,
                 "what": "time",
                 "variant": name,
                 "form": kind,
@@ -119,9 +137,6 @@ def main() -> None:
                 "copies": fns[(name, kind)][1],
             }
         )
-    for r in rows:
-        if r["what"] == "time":
-            print(f"{r['variant']:<12}{r['form']:<7}{r['ms']:>8.3f} ms  copies {r['copies']}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ schedules and segment boundaries (the kernels themselves run in tests/test_gpu_p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax.numpy as jnp
@@ -167,6 +168,19 @@ def test_value_columns(monkeypatch):
     assert attention.value_columns("fa4", 64) == ()  # 64 fills its tile: no spare column
     assert attention.value_columns("fa4", 40) == (1.0,) + (0.0,) * 7  # 40 runs as 48
     assert attention.value_columns("fa4", 96) == ()  # no schedule of ours: fa4-jax's own
+
+
+def test_fa4_call_tile(monkeypatch):
+    """The fixed shift where a bucket's attention work repays its overflow check: the 20-photo and 8 x 1080p buckets,
+    not one 720p image nor a bucket of clip frames; the rest of the schedule unchanged; head dims without a schedule of
+    ours keep fa4-jax's."""
+    fixed = attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)
+    monkeypatch.setattr(attention, "FA4_TILES", {72: fixed})
+    for tokens, slots in [(98304, 64), (65536, 16), (16384, 1)]:
+        assert attention.fa4_call_tile(72, tokens, slots) == fixed
+    for tokens, slots in [(3584, 1), (32768, 64), (16384, 4)]:
+        assert attention.fa4_call_tile(72, tokens, slots) == dataclasses.replace(fixed, fixed_shift=False)
+    assert attention.fa4_call_tile(64, 98304, 64) is None
 
 
 def _seq_split(fn, devices: int):

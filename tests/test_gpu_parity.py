@@ -217,7 +217,7 @@ def test_fa4_value_sums_agree(grids, slots):
 
 
 @pytest.mark.parametrize("gap", [45.0, 100.0])
-def test_fa4_fixed_shift_holds_or_falls_back(gap):
+def test_fa4_fixed_shift_holds_or_falls_back(gap, monkeypatch):
     """Under a `fixed_shift` schedule each row's exponentials are shifted by the maximum of the first block fa4 visits
     (the sequence's last keys). A key earlier in the sequence that outscores that block by `gap` (log2 units): at 45 the
     kernel holds (P up to 2^45 in fp32); at 100 it poisons those rows (NaN log-sum-exp) and `attention()` runs the call
@@ -227,6 +227,7 @@ def test_fa4_fixed_shift_holds_or_falls_back(gap):
         pytest.skip("fa4's fixed-shift schedule runs on Hopper with fa4-jax")
     from fa4_jax import flash_attn_varlen
 
+    monkeypatch.setattr(attention, "FA4_FIXED_SHIFT_MIN_WORK", 0)  # this small call takes the fixed shift too
     grids = [(1, 60, 80), (1, 16, 16)]  # 4800 tokens (its first visited block: keys 4704..4799), then 256
     packed = layout.pack(grids, 6144, 4)
     seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=4800)

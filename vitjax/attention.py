@@ -97,6 +97,10 @@ def fa4_tile_width(head_dim: int) -> int:
 # V at the tile's width 80 with the row sums in its column 72 (`:vsum`): -10 to -11% alone, -3 to -4% on the 20-photo
 # tower device-only (H100, `bench_fa4_sums.py`, `bench_vit.py`).
 FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)}
+# The fixed shift's overflow check costs a call ~0.03 ms a block in control flow, against ~5% of the kernel: it pays in
+# buckets of much attention work, tokens² / slots at least this (the 20-photo and 8 x 1080p buckets, one 2K image; not
+# one 720p image, nor clip frames).
+FA4_FIXED_SHIFT_MIN_WORK = 10**8
 
 
 @functools.partial(
@@ -319,6 +323,15 @@ def cu_seqlens(segments: Segments, tokens: int) -> jax.Array:
     return jnp.concatenate([zero, segments.starts[1:].astype(jnp.int32), end])
 
 
+def fa4_call_tile(head_dim: int, tokens: int, slots: int) -> Fa4Tile | None:
+    """The schedule of one fa4 call (None: fa4-jax's own): `FA4_TILES`', without its fixed shift in buckets whose
+    attention work cannot repay the overflow check (tokens² / slots below `FA4_FIXED_SHIFT_MIN_WORK`)."""
+    tile = FA4_TILES.get(head_dim)
+    if tile is not None and tile.fixed_shift and tokens * tokens < FA4_FIXED_SHIFT_MIN_WORK * slots:
+        return dataclasses.replace(tile, fixed_shift=False)
+    return tile
+
+
 def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
     """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten.
 
@@ -329,11 +342,12 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
     from fa4_jax import flash_attn_varlen
 
     _route_fa4_schedules()
-    cu = cu_seqlens(segments, q.shape[0])
-    used = segments.lengths
-    call = functools.partial(flash_attn_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used)
-    head_dim = q.shape[-1]
-    tile = FA4_TILES.get(head_dim)
+    tokens, head_dim = q.shape[0], q.shape[-1]
+    tile = fa4_call_tile(head_dim, tokens, segments.starts.shape[0])
+    cu, used = cu_seqlens(segments, tokens), segments.lengths
+    call = functools.partial(
+        flash_attn_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used, mask_mod=_mark(tile)
+    )
     if tile is None or not tile.fixed_shift or v.shape[-1] == head_dim:
         return call(q, k, v)
     out, lse = call(q, k, v, return_lse=True)
@@ -345,6 +359,36 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
     # A loop run at most once rather than `lax.cond`: XLA passes the output through it in place, where the cond's
     # untaken branch copied it (`bench_fa4_guard.py`: +0.03 ms a block against +0.17).
     return jax.lax.while_loop(lambda carry: carry[1], online, (out, overflowed))[0]
+
+
+@functools.cache
+def _schedule_mask() -> type:
+    """A mask mod that allows every pair and names an fa4 schedule. fa4-jax keys its kernels by a mask's class and
+    static fields, so `_fa4` hands each call its schedule this way; `_route_fa4_schedules` builds our kernel for it,
+    without a mask."""
+    from fa4_jax import MaskMod
+    from fa4_jax.masks import static
+
+    @dataclasses.dataclass(frozen=True)
+    class Schedule(MaskMod):
+        tile: str = static()
+
+        def __call__(self, b, h, q_idx, kv_idx):
+            return q_idx == q_idx  # every pair
+
+    return Schedule
+
+
+def _mark(tile: Fa4Tile | None):
+    return None if tile is None else _schedule_mask()(str(tile))
+
+
+def _marked_tile(mask) -> Fa4Tile | None:
+    """The schedule a call's mask (fa4-jax's treedef of it) names, if it is `_mark`'s."""
+    if mask is None or mask.num_leaves:
+        return None
+    mark = mask.unflatten(())
+    return Fa4Tile.parse(mark.tile) if isinstance(mark, _schedule_mask()) else None
 
 
 def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
@@ -363,16 +407,17 @@ def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
 @functools.cache
 def _route_fa4_schedules() -> None:
     """fa4-jax 0.1.0 builds the Hopper forward with FA3's tile for the head dim (`fa4_jax.kernels._get_fwd`, keyed
-    on head_dim only); route the plain (non-causal, no mask) forwards of the head dims in `FA4_TILES` through our
-    schedule instead. The one place that reaches into fa4-jax's internals: checked on `FA4_VERIFIED`."""
+    on head_dim only); route the plain (non-causal) forwards through our schedule instead: the one `_fa4` names
+    (`_mark`), or for calls without a mask the head dim's in `FA4_TILES`. The one place that reaches into fa4-jax's
+    internals: checked on `FA4_VERIFIED`."""
     from fa4_jax import kernels
 
     upstream = kernels._get_fwd
 
     @functools.wraps(upstream)
     def get_fwd(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen=False):
-        tile = FA4_TILES.get(head_dim)
-        ours = tile is not None and arch // 10 == 9 and not (causal or local) and mask_mod is None
+        tile = _marked_tile(mask_mod) or (FA4_TILES.get(head_dim) if mask_mod is None else None)
+        ours = tile is not None and arch // 10 == 9 and not (causal or local)
         if not ours or head_dim_v not in (head_dim, fa4_tile_width(head_dim)):
             return upstream(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen)
         return _fa4_sm90_forward(tile, dtype, head_dim, head_dim_v, qhead_per_kvhead, n_aux > 0)
