@@ -5,6 +5,12 @@ at the tile's width with ones in column `head_dim` (`attention.value_columns`), 
 online rescale of O (O ← α·O + P·V) is exactly the row sum's own recurrence (l ← α·l + Σ P): the tensor cores keep
 the sums, the softmax stops adding them (56 serial FADDs a thread for each step of 112 keys) and the epilogue divides
 O by that column. The sums are those of P as rounded to bf16 for the GEMM, the same P the numerator is made of.
+
+With the sums gone, a step's softmax is mostly its row maxima (56 FMNMX, the shuffles, the O rescale's 40 FMULs). With
+`fixed_shift` each row's exponentials are shifted by its maximum over the first block fa4 visits (the sequence's last
+keys), and later blocks are exponentiated against it with no maximum and no rescale: exact, since softmax does not
+depend on the shift, while P stays finite. A row whose later scores pass that maximum by ~2^64 (its sum column past
+`OVERFLOW`) is poisoned, O and log-sum-exp NaN, and `attention._fa4` runs the call again with the online maximum.
 Reaches into fa4-jax 0.1.0's kernel module (its `Softmax`, swapped while the MMA warpgroups' code is traced, and the
 epilogue's signature): checked on `attention.FA4_VERIFIED` only.
 """
@@ -26,7 +32,8 @@ OVERFLOW = 2.0**64
 
 
 class _SoftmaxWithoutSums(Softmax):
-    """fa4's online softmax (row maxima, exponentials, the rescale factors) without the row sums."""
+    """fa4's online softmax (row maxima, exponentials, the rescale factors) without the row sums; with `FIXED`, the
+    first block's maxima (scaled) kept as the rows' shifts, and no maxima or rescale after it."""
 
     FIXED = False
 
@@ -90,7 +97,7 @@ class _FixedShiftSoftmax(_SoftmaxWithoutSums):
 @functools.cache
 def forward_class(head_dim: int, fixed_shift: bool = False) -> type:
     """`FlashAttentionForwardSm90` for q and k at `head_dim` (a multiple of 8) and V at the tile's width with its sum
-    column at `head_dim`."""
+    column at `head_dim`; `fixed_shift`: the rows' shifts fixed by their first block (module docstring)."""
     base = flash_fwd_sm90.FlashAttentionForwardSm90
     softmax = _FixedShiftSoftmax if fixed_shift else _SoftmaxWithoutSums
     # In a thread's (rows, columns) view of a wgmma accumulator, local columns 2j and 2j + 1 are global columns
