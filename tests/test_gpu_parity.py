@@ -135,8 +135,9 @@ def test_float32_and_float16_towers_match_hf(towers, monkeypatch):
 
 
 def test_fixed_shift_tower_matches_hf(towers, monkeypatch):
-    """The tower with fa4's fixed shift in every bucket (the test's 5,024 tokens would take the online maximum):
-    against HF fp32 as close as with the online maximum (`attention.fa4_call_tile`)."""
+    """The tower with fa4's fixed shift in every bucket (the test's 5,024 tokens would take the online maximum), on
+    one GPU and, with two, under Ulysses: against HF fp32 as close as with the online maximum
+    (`attention.fa4_call_tile`)."""
     import vitjax
 
     cfg, hf, hf32, encoders = towers
@@ -149,15 +150,17 @@ def test_fixed_shift_tower_matches_hf(towers, monkeypatch):
     online = encoders["fa4"].encode_patches(pixels, np.array(GRIDS))  # compiled under the shipped threshold
     monkeypatch.setattr(attention, "FA4_FIXED_SHIFT_MIN_WORK", 0)
     params = jax.tree.map(np.asarray, encoders["fa4"].params())
-    fixed = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", attention="fa4", cache_bytes=0)
-    outs = fixed.encode_patches(pixels, np.array(GRIDS))
-    for i, (start, rows) in enumerate(layout.split_points(GRIDS)):
-        cos, mae = _cos_mae(np.asarray(outs[i], np.float32), ref[start : start + rows])
-        _, online_mae = _cos_mae(np.asarray(online[i], np.float32), ref[start : start + rows])
-        print(
-            f"image {i} {GRIDS[i]} fa4 fixed shift: cos {cos:.6f} mae {mae:.3e} | online maximum: mae {online_mae:.3e}"
-        )
-        assert cos > 0.9999 and mae <= 1.01 * online_mae, (i, cos, mae, online_mae)
+    layouts = {"1 GPU": {}} | ({"Ulysses 2": {"devices": 2, "sequence_parallel": 2}} if len(jax.devices()) >= 2 else {})
+    for name, kw in layouts.items():
+        fixed = vitjax.Encoder.from_params(cfg, params, dtype="bfloat16", attention="fa4", cache_bytes=0, **kw)
+        outs = fixed.encode_patches(pixels, np.array(GRIDS))
+        for i, (start, rows) in enumerate(layout.split_points(GRIDS)):
+            cos, mae = _cos_mae(np.asarray(outs[i], np.float32), ref[start : start + rows])
+            _, online_mae = _cos_mae(np.asarray(online[i], np.float32), ref[start : start + rows])
+            print(
+                f"image {i} {GRIDS[i]} fa4 fixed shift, {name}: cos {cos:.6f} mae {mae:.3e} | online {online_mae:.3e}"
+            )
+            assert cos > 0.9999 and mae <= 1.01 * online_mae, (name, i, cos, mae, online_mae)
 
 
 def test_fitted_bucket_matches_hf(towers):
