@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -281,6 +282,30 @@ def test_converted_checkpoint_is_held_to_its_config(full_model, tmp_path):
     (params / "_METADATA").write_text("{}")  # JSON, but without the keys orbax looks up
     with pytest.raises(weights.CheckpointError, match=rf"^{params}: not a readable converted checkpoint \(KeyError: "):
         vitjax.Encoder.from_pretrained(out)
+
+
+def test_damaged_converted_checkpoint(full_model, tmp_path, monkeypatch):
+    """Array data cut short: a short error naming the converted folder and the damaged file (not tensorstore's
+    kilobyte of spec), and the reads tensorstore completes afterwards on orbax's closed event loop report nothing
+    through `sys.unraisablehook`, while any other unraisable error still reaches it."""
+    cfg, _, path = full_model
+    out = weights.convert(path, tmp_path / "conv", progress=False)
+    data = next((out / weights.ORBAX_PARAMS / "d").iterdir())
+    data.write_bytes(data.read_bytes()[:100])
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    with pytest.raises(weights.CheckpointError) as caught:
+        vitjax.Encoder.from_pretrained(out)
+    message = str(caught.value)
+    assert message.startswith(f"{out / weights.ORBAX_PARAMS}: not a readable converted checkpoint (")
+    assert data.name in message and "tensorstore_spec" not in message and len(message) < 600, message
+    closed, other = (
+        SimpleNamespace(exc_value=e, object=None) for e in (RuntimeError("Event loop is closed"), KeyError())
+    )
+    before = len(seen)
+    sys.unraisablehook(closed)
+    sys.unraisablehook(other)
+    assert seen[before:] == [other]
 
 
 def test_convert_to_a_long_name(full_model, tmp_path):

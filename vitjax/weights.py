@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -286,14 +287,32 @@ def load_orbax(path: str | Path) -> tuple[VisionConfig, Params]:
 
     path = Path(path).absolute()
     cfg = VisionConfig.from_hf(path / "config.json")
+    _quiet_closed_loop_reports()
     try:
         with ocp.StandardCheckpointer() as ckpt:
             params = jax.tree.map(np.asarray, ckpt.restore(path / ORBAX_PARAMS))
     except Exception as e:  # orbax and tensorstore report damage as many kinds (a KeyError for metadata without a key)
-        where = path / ORBAX_PARAMS
-        raise CheckpointError(f"{where}: not a readable converted checkpoint ({type(e).__name__}: {e})") from None
+        where, said = path / ORBAX_PARAMS, str(e).split(" [tensorstore_spec=")[0]  # the spec: a kilobyte of JSON
+        raise CheckpointError(f"{where}: not a readable converted checkpoint ({type(e).__name__}: {said})") from None
     check_params(params, cfg, str(path / ORBAX_PARAMS))
     return cfg, params
+
+
+def _quiet_closed_loop_reports() -> None:
+    """After a failed restore tensorstore still completes the reads in flight, on orbax's event loop, which is closed
+    by then: each completion reports "Event loop is closed" through `sys.unraisablehook`, bare tracebacks after our
+    error. Those reports, and only those, are dropped from the first restore on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "vitjax_quiet", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        closed = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+        if not (closed and unraisable.object is None):
+            previous(unraisable)
+
+    hook.vitjax_quiet = True
+    sys.unraisablehook = hook
 
 
 def check_params(params: Params, cfg: VisionConfig, where: str) -> None:
