@@ -314,6 +314,20 @@ def recorder(script: str, out_dir: str):
     return rows, emit
 
 
+def run_cases(script: str, run_case, cases: str = "20x4800,1x3520") -> list[dict]:
+    """The command line of the benches that time one workload at a time (`--rounds`, `--cases`, `--out`):
+    `run_case(case, rounds, emit)` for each case, the rows kept."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default=cases)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    rows, emit = recorder(script, args.out)
+    for case in args.cases.split(","):
+        run_case(case, args.rounds, emit)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impls", default="fa4,cudnn_packed,cudnn_padded", help="paths to run, where they can")

@@ -17,13 +17,12 @@ Rows carry the median ms and the number of copy instructions in the optimized pr
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_attention import CASES, case_segments, errors, pipelined_ms, random_qkv, recorder, rotating_rounds
+from bench_attention import CASES, case_segments, errors, pipelined_ms, random_qkv, rotating_rounds, run_cases
 
 from vitjax import attention
 
@@ -88,15 +87,7 @@ def scanned(fn):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", default="20x4800,1x3520")
-    ap.add_argument("--out", default="bench/results")
-    args = ap.parse_args()
-    rows, emit = recorder("bench_fa4_guard", args.out)
-    for case in args.cases.split(","):
-        run_case(case, args.rounds, emit)
-    for r in rows:
+    for r in run_cases("bench_fa4_guard", run_case):
         if r["what"] == "time":
             print(f"{r['case']:<10}{r['variant']:<12}{r['form']:<7}{r['ms']:>8.3f} ms  copies {r['copies']}")
 

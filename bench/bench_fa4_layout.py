@@ -13,12 +13,10 @@ token-major fa4's.
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_attention import CASES, HEADS, case_segments, pipelined_ms, random_qkv, recorder, rotating_rounds
+from bench_attention import CASES, HEADS, case_segments, pipelined_ms, random_qkv, rotating_rounds, run_cases
 
 from vitjax import attention
 
@@ -80,14 +78,7 @@ def run_case(case: str, rounds: int, emit) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", default="20x4800,1x3520")
-    ap.add_argument("--out", default="bench/results")
-    args = ap.parse_args()
-    _, emit = recorder("bench_fa4_layout", args.out)
-    for case in args.cases.split(","):
-        run_case(case, args.rounds, emit)
+    run_cases("bench_fa4_layout", run_case)
 
 
 if __name__ == "__main__":
