@@ -337,29 +337,27 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
     """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten.
 
     Under a `fixed_shift` schedule a row whose scores outgrow its first block's maximum by far enough to risk overflow
-    comes back with a NaN log-sum-exp; then the call runs again with fa4's online maximum (V without its appended
-    columns, which are put back), so the result is the same either way. That check runs in a `while_loop`, which JAX
-    differentiates forward only: the tower is an inference path."""
+    comes back with a NaN log-sum-exp; then the call runs again with the same schedule's online maximum, so the result
+    is the same either way. That check runs in a `while_loop`, which JAX differentiates forward only: the tower is an
+    inference path."""
     from fa4_jax import flash_attn_varlen
 
     _route_fa4_schedules()
     tokens, head_dim = q.shape[0], q.shape[-1]
     tile = fa4_call_tile(head_dim, tokens, segments.starts.shape[0])
     cu, used = cu_seqlens(segments, tokens), segments.lengths
-    call = functools.partial(
-        flash_attn_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used, mask_mod=_mark(tile)
-    )
+
+    def call(tile: Fa4Tile | None, **kw) -> jax.Array:
+        return flash_attn_varlen(q, k, v, cu, cu, seqused_q=used, seqused_k=used, mask_mod=_mark(tile), **kw)
+
     if tile is None or not tile.fixed_shift or v.shape[-1] == head_dim:
-        return call(q, k, v)
-    out, lse = call(q, k, v, return_lse=True)
+        return call(tile)
+    out, lse = call(tile, return_lse=True)
     overflowed = jnp.any(jnp.isnan(lse) & (segments.ids >= 0)[None])
-
-    def online(_: tuple) -> tuple[jax.Array, jax.Array]:
-        return widen(call(q, k, v[..., :head_dim]), value_columns("fa4", head_dim)), jnp.bool_(False)
-
+    online = dataclasses.replace(tile, fixed_shift=False)
     # A loop run at most once rather than `lax.cond`: XLA passes the output through it in place, where the cond's
     # untaken branch copied it (`bench_fa4_guard.py`: +0.03 ms a block against +0.17).
-    return jax.lax.while_loop(lambda carry: carry[1], online, (out, overflowed))[0]
+    return jax.lax.while_loop(lambda carry: carry[1], lambda _: (call(online), jnp.bool_(False)), (out, overflowed))[0]
 
 
 @functools.cache
