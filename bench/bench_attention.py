@@ -125,29 +125,46 @@ def errors(got: jax.Array, ref: np.ndarray, real: np.ndarray) -> dict:
 
 
 def run_fn(impl: str, seg: attention.Segments):
-    """`impl`'s jitted call on q, k, v at head_dim, with v first widened as the path takes it in the tower
-    (`attention.value_columns` under the fa4 schedule of the first call, which traces it; once per v, outside the
-    call, since the tower's v GEMM writes it wide). The output comes back as wide; `errors` reads its first head_dim
-    columns."""
-    fn = jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))
+    """`impl`'s jitted call on q, k, v at head_dim, with them first made as the tower hands them to the path
+    (`attention.value_columns` and `attention.query_key_columns` under the fa4 schedule of the first call, which traces
+    it; once per input, outside the call, since the tower's GEMMs and rotary write them so). The output comes back as
+    wide as v; `errors` reads its first head_dim columns. Where q goes in scaled (fa4's shift column), the bf16 q is
+    scaled and rounded again here (the tower scales it before its one rounding): `call.query(q)` is the q the path
+    then sees, for the fp32 reference (`reference`)."""
+    fn = jax.jit(attention.attention, static_argnums=(4, 5))
     pinned: dict = {}
-    wide: dict = {}
+    made: dict = {}
+
+    def forms(dim: int):
+        return pinned.setdefault(dim, (attention.value_columns(impl, dim), attention.query_key_columns(impl, dim)))
+
+    def query(q):
+        scale = forms(q.shape[-1])[1][0]
+        return q if scale == 1.0 else (q.astype(jnp.float32) * scale).astype(q.dtype).astype(jnp.float32) / scale
 
     def call(q, k, v):
-        columns = pinned.setdefault(v.shape[-1], attention.value_columns(impl, v.shape[-1]))
-        if columns and wide.get("of") is not v:
-            wide.update(of=v, v=attention.widen(v, columns))
-        return fn(q, k, wide["v"] if columns else v)
+        dim = q.shape[-1]
+        columns, (scale, q_extra, k_extra) = forms(dim)
+        if made.get("of") != (id(q), id(k), id(v)):
+            wide_q = attention.widen((q.astype(jnp.float32) * scale).astype(q.dtype), q_extra) if q_extra else q
+            inputs = (wide_q, attention.widen(k, k_extra), attention.widen(v, columns))
+            made.update(of=(id(q), id(k), id(v)), keep=(q, k, v), inputs=inputs)
+        return fn(*made["inputs"], seg, impl, dim)
 
+    call.query = query
     return call
 
 
+def reference(seg: attention.Segments, q, k, v, fn=None) -> np.ndarray:
+    """The fp32 reference on the inputs `fn` (a `run_fn` call) gives its path; on q, k, v as they are without it."""
+    return np.asarray(run_fn("reference", seg)(fn.query(q) if fn else q, k, v), np.float32)
+
+
 def checked(impls: list[str], seg: attention.Segments, q, k, v) -> tuple[dict, dict]:
-    """Each path's jitted call and its errors against the fp32 reference on (q, k, v)."""
+    """Each path's jitted call and its errors against the fp32 reference on (q, k, v) as the path sees them."""
     real = np.asarray(seg.ids) >= 0
-    ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
     fns = {impl: run_fn(impl, seg) for impl in impls}
-    return fns, {impl: errors(fn(q, k, v), ref, real) for impl, fn in fns.items()}
+    return fns, {impl: errors(fn(q, k, v), reference(seg, q, k, v, fn), real) for impl, fn in fns.items()}
 
 
 def correctness(impls: list[str], dims: list[int], emit) -> None:
@@ -160,11 +177,11 @@ def correctness(impls: list[str], dims: list[int], emit) -> None:
             q, k, v = random_qkv(100 * dim + n, tokens, dim)
             seg = segments(grids, tokens, slots, max_length=4096)
             real = np.asarray(seg.ids) >= 0
-            ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
             poison = jnp.asarray(~real)[:, None, None]
             nan_qkv = [jnp.where(poison, jnp.nan, x) for x in (q, k, v)]
             for impl in impls:
                 fn = run_fn(impl, seg)
+                ref = reference(seg, q, k, v, fn)
                 row = {"check": "attention", "impl": impl, "head_dim": dim, "frames": len(grids), "slots": slots}
                 emit({**row, **errors(fn(q, k, v), ref, real)})
                 emit({**row, "padding": "nan", **errors(fn(*nan_qkv), ref, real)})

@@ -32,6 +32,7 @@ from bench_attention import (
     pipelined_ms,
     random_qkv,
     recorder,
+    reference,
     rotating_rounds,
     run_fn,
     segments,
@@ -61,9 +62,9 @@ def check(name: str) -> dict:
         q, k, v = random_qkv(100 + n, 6144, HEAD_DIM)
         seg = segments(grids, 6144, slots)
         real = np.asarray(seg.ids) >= 0
-        ref = np.asarray(run_fn("reference", seg)(q, k, v), np.float32)
         poison = jax.numpy.asarray(~real)[:, None, None]
         fn = run_fn("fa4", seg)
+        ref = reference(seg, q, k, v, fn)
         for inputs in ((q, k, v), tuple(jax.numpy.where(poison, jax.numpy.nan, x) for x in (q, k, v))):
             e = errors(fn(*inputs), ref, real)
             worst = {
@@ -115,10 +116,8 @@ def timing(names: list[str], rounds: int, emit) -> None:
         qkv = random_qkv(HEAD_DIM, tokens, HEAD_DIM)
         seg = segments(grids, tokens, slots)
         real = np.asarray(seg.ids) >= 0
-        ref = np.asarray(run_fn("reference", seg)(*qkv), np.float32)
         useful = sum(t * (h * w) ** 2 for t, h, w in grids)
-        acc = {name: errors(fns[case](*qkv), ref, real) for name, fns in runs.items()}
-        del ref
+        acc = {name: errors(fns[case](*qkv), reference(seg, *qkv, fns[case]), real) for name, fns in runs.items()}
         for rnd, name in rotating_rounds(list(runs), rounds):
             ms = pipelined_ms(runs[name][case], *qkv)
             row = {"bench": "fa4_tile", "frames": case, "variant": name, "head_dim": HEAD_DIM, "round": rnd}

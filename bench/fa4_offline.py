@@ -53,7 +53,8 @@ def compile_schedule(text: str, head_dim: int) -> dict:
 
     tile = Fa4Tile.parse(text)
     width_v = fa4_tile_width(head_dim) if tile.value_sums else head_dim  # V as the tower gives it (`value_columns`)
-    kernel = _fa4_sm90_forward(tile, cutlass.BFloat16, head_dim, width_v, 1, False)
+    width = width_v if tile.shift_column else head_dim  # q and k likewise (`query_key_columns`)
+    kernel = _fa4_sm90_forward(tile, cutlass.BFloat16, head_dim, width_v, 1, False, width)
     storage = kernel._get_shared_storage_cls
     row = {"schedule": str(tile)}
 
@@ -83,8 +84,8 @@ def compile_schedule(text: str, head_dim: int) -> dict:
             stream=stream,
         )
 
-    def rows(width: int = head_dim):
-        shape = (cute.sym_int32(), HEADS, width)
+    def rows(columns: int = width):
+        shape = (cute.sym_int32(), HEADS, columns)
         return make_fake_compact_tensor(cutlass.BFloat16, shape, stride_order=(2, 1, 0), assumed_align=256)
 
     def ints():

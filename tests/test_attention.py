@@ -143,6 +143,7 @@ def test_fa4_needs_its_package():
         ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
         ("192x112rs3:vsum", attention.Fa4Tile(192, 112, True, 3, value_sums=True)),
         ("192x112rs3:vsum:fix", attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)),
+        ("192x112rs3:vsum:fix:col", attention.Fa4Tile(192, 112, True, 3, True, True, shift_column=True)),
     ],
 )
 def test_fa4_tile_names(text, tile):
@@ -150,7 +151,8 @@ def test_fa4_tile_names(text, tile):
 
 
 @pytest.mark.parametrize(
-    "text", ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x", "192x112rs3:sum", "192x112rs3:fix"]
+    "text",
+    ["192x144", "192*144ss", "x144ss", "192x144rr", "192x144ss3x", "192x112rs3:sum", "192x112rs3:fix", "192x112:col"],
 )
 def test_fa4_tile_bad_names(text):
     with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
@@ -170,16 +172,35 @@ def test_value_columns(monkeypatch):
     assert attention.value_columns("fa4", 96) == ()  # no schedule of ours: fa4-jax's own
 
 
+def test_query_key_columns(monkeypatch):
+    """Under a shift-column schedule (the shipped one at head_dim 72) fa4 takes q scaled to log2 units and widened by
+    zeros, k widened by a one and zeros, where V takes its sum column; elsewhere q and k go as they are."""
+    scale = 72**-0.5 * np.log2(np.e)
+    assert attention.query_key_columns("fa4", 72) == (pytest.approx(scale, rel=1e-12), (0.0,) * 8, (1.0,) + (0.0,) * 7)
+    assert attention.query_key_columns("cudnn_packed", 72) == attention.query_key_columns("fa4", 64) == (1.0, (), ())
+    monkeypatch.setitem(attention.FA4_TILES, 72, attention.Fa4Tile(192, 112, True, 3, True, True))
+    assert attention.query_key_columns("fa4", 72) == (1.0, (), ())  # the fixed shift without the column
+
+
+def test_widened_query_keys_only_for_fa4():
+    """The portable paths refuse q and k said to be widened (only fa4's kernel knows the shift column)."""
+    packed = layout.pack([(1, 4, 4)], 16, 1)
+    x = jnp.zeros((16, 2, 80), jnp.float32)
+    with pytest.raises(ValueError, match="at head_dim 72, not widened to 80"):
+        attention.attention(x, x, x, _segments(packed), "reference", head_dim=72)
+
+
 def test_fa4_call_tile(monkeypatch):
-    """The fixed shift where a bucket's attention work repays its overflow check: the 20-photo and 8 x 1080p buckets,
-    not one 720p image nor a bucket of clip frames; the rest of the schedule unchanged; head dims without a schedule of
-    ours keep fa4-jax's."""
-    fixed = attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)
+    """The fixed shift (and its column) where a bucket's attention work repays its overflow check: the 20-photo and
+    8 x 1080p buckets, not one 720p image nor a bucket of clip frames; the rest of the schedule unchanged; head dims
+    without a schedule of ours keep fa4-jax's."""
+    fixed = attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True, shift_column=True)
     monkeypatch.setattr(attention, "FA4_TILES", {72: fixed})
     for tokens, slots in [(98304, 64), (65536, 16), (16384, 1)]:
         assert attention.fa4_call_tile(72, tokens, slots) == fixed
+    online = dataclasses.replace(fixed, fixed_shift=False, shift_column=False)
     for tokens, slots in [(3584, 1), (32768, 64), (16384, 4)]:
-        assert attention.fa4_call_tile(72, tokens, slots) == dataclasses.replace(fixed, fixed_shift=False)
+        assert attention.fa4_call_tile(72, tokens, slots) == online
     assert attention.fa4_call_tile(64, 98304, 64) is None
 
 

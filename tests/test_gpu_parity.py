@@ -245,14 +245,16 @@ def test_fa4_value_sums_agree(grids, slots):
     np.testing.assert_allclose(lse[1][:, real], lse[0][:, real], atol=2e-3)
 
 
+@pytest.mark.parametrize("widened", [False, True])
 @pytest.mark.parametrize("gap", [45.0, 100.0])
-def test_fa4_fixed_shift_holds_or_falls_back(gap, monkeypatch):
+def test_fa4_fixed_shift_holds_or_falls_back(gap, widened, monkeypatch):
     """Under a `fixed_shift` schedule each row's exponentials are shifted by the maximum of the first block fa4 visits
     (the sequence's last keys). A key earlier in the sequence that outscores that block by `gap` (log2 units): at 45 the
     kernel holds (P up to 2^45 in fp32); at 100 it poisons those rows (NaN log-sum-exp) and `attention()` runs the call
-    again with fa4's online maximum. Either way the result is the fp32 reference's."""
+    again with fa4's online maximum. Either way the result is the fp32 reference's. `widened`: q and k as the tower
+    gives them under a `shift_column` schedule (`query_key_columns`), the shift written into q's column 72."""
     tile = attention.FA4_TILES.get(72)
-    if not (_runs("fa4") and tile is not None and tile.fixed_shift):
+    if not (_runs("fa4") and tile is not None and tile.fixed_shift and (tile.shift_column or not widened)):
         pytest.skip("fa4's fixed-shift schedule runs on Hopper with fa4-jax")
     from fa4_jax import flash_attn_varlen
 
@@ -264,15 +266,19 @@ def test_fa4_fixed_shift_holds_or_falls_back(gap, monkeypatch):
     q, k, v = (0.5 * rng.standard_normal((6144, 16, 72)) for _ in range(3))
     q[:4800, :, 0] = 8.0
     k[7, :, 0] = gap / np.log2(np.e) * 72**0.5 / 8.0  # key 7's score past the first visited block's maximum (~1)
-    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    scale, q_extra, k_extra = attention.query_key_columns("fa4", 72) if widened else (1.0, (), ())
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q * scale, k, v))  # one rounding of q, as in the tower
+    ref_q = q.astype(jnp.float32) / scale  # the query the kernel sees, for the reference
+    q, k = attention.widen(q, q_extra), attention.widen(k, k_extra)
     wide = attention.widen(v, attention.value_columns("fa4", 72))
     real = packed.segment_ids >= 0
     cu, used = attention.cu_seqlens(seg, 6144), seg.lengths
-    lse = np.asarray(flash_attn_varlen(q, k, wide, cu, cu, seqused_q=used, seqused_k=used, return_lse=True)[1])
+    kw = {"scale": attention.LN2, "mask_mod": attention._mark(tile, 72)} if widened else {}
+    lse = np.asarray(flash_attn_varlen(q, k, wide, cu, cu, seqused_q=used, seqused_k=used, return_lse=True, **kw)[1])
     poisoned = np.isnan(lse[:, real]).any(axis=0)
     assert (poisoned[:4800] == (gap > 64)).all() and not poisoned[4800:].any()
-    ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)[real]
-    got = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4"), np.float32)[real]
-    err = float(np.abs(got[..., :72] - ref).max())
-    print(f"fa4 fixed shift, key past the first block by 2^{gap:.0f}: max abs error {err:.4f} against fp32 reference")
-    assert err < 0.03 and np.abs(got[..., 72:] - np.asarray(attention.value_columns("fa4", 72))).max() < 1e-2
+    ref = np.asarray(attention.attention(ref_q, k[..., :72], v, seg, "reference"), np.float32)[real]
+    got = np.asarray(jax.jit(attention.attention, static_argnums=(4, 5))(q, k, wide, seg, "fa4", 72), np.float32)
+    err = float(np.abs(got[real][..., :72] - ref).max())
+    print(f"fa4 fixed shift, key past the first block by 2^{gap:.0f}, widened {widened}: max abs error {err:.4f}")
+    assert err < 0.03 and np.abs(got[real][..., 72:] - np.asarray(attention.value_columns("fa4", 72))).max() < 1e-2

@@ -7,7 +7,9 @@ unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller
 
 - `fa4`: FlashAttention-4's Hopper (SM90) forward from the `fa4-jax` package (optional extra `fa4`) on the packed
   sequence, segments given as `cu_seqlens` with used lengths; head_dim 72 runs as 80 inside the tile (no copy), and
-  V comes at 80 with the softmax's row sums riding in its column 72 (`value_columns`: the tower makes it so).
+  V comes at 80 with the softmax's row sums riding in its column 72 (`value_columns`: the tower makes it so); q and k
+  may come at 80 too, q scaled to log2 units and k with a one in column 72, the column through which the kernel
+  shifts each row's scores (`query_key_columns`; `head_dim` then names their width before).
   The default on Hopper where installed (`bench/NOTES.md` has the measurements), pinned like the cuDNN entry
   point to the release it was checked on. Its schedule (`Fa4Tile`: tile shape, where P lives, K/V stages, whether
   V carries the sums) is ours for the head dims in `FA4_TILES`, FA3's per-head_dim table otherwise.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
+import math
 import os
 import re
 import warnings
@@ -58,8 +61,10 @@ class Fa4Tile:
     memory ('ss'), `stages` K/V buffers, and `value_sums`: where the tile pads the head dim, V is taken at the tile's
     width with the softmax's row sums carried by its first spare column (`value_columns`, `vitjax.fa4_sums`); with
     them `fixed_shift`: each row's exponentials shifted by its maximum over the first block of keys, no running maximum
-    and no rescale of O after it (`_fa4` catches the rows that would overflow). Written like "192x144ss", "128x176rs3"
-    (stages when not 2), "192x112rs3:vsum" or "192x112rs3:vsum:fix"."""
+    and no rescale of O after it (`_fa4` catches the rows that would overflow); with that `shift_column`: the shift
+    written into Q's first spare column once, against a one in K's, so Q·Kᵀ comes out shifted (q and k as
+    `query_key_columns` gives them). Written like "192x144ss", "128x176rs3" (stages when not 2), "192x112rs3:vsum",
+    "192x112rs3:vsum:fix" or "192x112rs3:vsum:fix:col"."""
 
     m: int
     n: int
@@ -67,21 +72,24 @@ class Fa4Tile:
     stages: int = 2
     value_sums: bool = False
     fixed_shift: bool = False
+    shift_column: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
-        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum(:fix)?)?", text.strip())
+        found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum(:fix(:col)?)?)?", text.strip())
         if found is None:
             raise ValueError(
-                f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages, ':vsum' and ':vsum:fix', e.g. "
-                "192x144ss or 192x112rs3:vsum:fix"
+                f"fa4 tile {text!r}: expected MxN, rs or ss, then optional stages, ':vsum', ':vsum:fix' and "
+                "':vsum:fix:col', e.g. 192x144ss or 192x112rs3:vsum:fix:col"
             )
-        m, n, mode, stages, sums, fixed = found.groups()
-        return cls(int(m), int(n), mode == "rs", int(stages or 2), sums is not None, fixed is not None)
+        m, n, mode, stages, sums, fixed, column = found.groups()
+        flags = (sums is not None, fixed is not None, column is not None)
+        return cls(int(m), int(n), mode == "rs", int(stages or 2), *flags)
 
     def __str__(self) -> str:
         stages = self.stages if self.stages != 2 else ""
         suffix = (":vsum" if self.value_sums else "") + (":fix" if self.fixed_shift else "")
+        suffix += ":col" if self.shift_column else ""
         return f"{self.m}x{self.n}{'rs' if self.p_in_registers else 'ss'}{stages}{suffix}"
 
 
@@ -97,11 +105,12 @@ def fa4_tile_width(head_dim: int) -> int:
 # V at the tile's width 80 with the row sums in its column 72 (`:vsum`): -10 to -11% alone, -3 to -4% on the 20-photo
 # tower device-only (H100, `bench_fa4_sums.py`, `bench_vit.py`). Each row shifted by its first block's maximum
 # (`:fix`, where `fa4_call_tile` gives it): -5 to -7% alone, -2 to -4% on the 20 photos and 8 x 1080p (H100).
-FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)}
+FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, True, fixed_shift=True, shift_column=True)}
 # The fixed shift's overflow check costs a call ~0.03 ms a block in control flow, against ~5% of the kernel: it pays in
 # buckets of much attention work, tokens² / slots at least this (the 20-photo and 8 x 1080p buckets, one 2K image; not
 # one 720p image, nor clip frames).
 FA4_FIXED_SHIFT_MIN_WORK = 10**8
+LN2 = math.log(2.0)
 
 
 @functools.partial(
@@ -219,6 +228,18 @@ def value_columns(impl: str, head_dim: int) -> tuple[float, ...]:
     return (1.0,) + (0.0,) * (fa4_tile_width(head_dim) - head_dim - 1)
 
 
+def query_key_columns(impl: str, head_dim: int) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    """How `impl` wants q and k: q multiplied by a factor, then the columns appended to every head of q and of k. For
+    fa4 under a `shift_column` schedule q in log2 units (head_dim**-0.5 · log2(e), applied before q's one rounding to
+    bf16) with zeros up to the tile's width, k with a one and zeros: the kernel writes each row's shift into q's first
+    spare column. (1.0, (), ()) where q and k go as they are."""
+    tile = FA4_TILES.get(head_dim)
+    columns = value_columns(impl, head_dim)
+    if not columns or not tile.shift_column:
+        return 1.0, (), ()
+    return head_dim**-0.5 / LN2, (0.0,) * len(columns), columns
+
+
 def widen(x: jax.Array, columns: tuple[float, ...]) -> jax.Array:
     """x `[..., width]` with `columns` appended to every row: v `[T, heads, head_dim]` as `value_columns` wants it
     (a copy, for checks and benchmarks; the tower's v GEMM writes them itself, from v's bias widened this way)."""
@@ -256,9 +277,13 @@ def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str
     return impl
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl: str = "reference") -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl: str = "reference", head_dim: int | None = None
+) -> jax.Array:
     """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, v's width]` in q's dtype. v is
-    `[T, heads, head_dim]`, or wider by `value_columns(impl, head_dim)` (which fa4's kernel then relies on).
+    `[T, heads, head_dim]`, or wider by `value_columns(impl, head_dim)` (which fa4's kernel then relies on); q and k
+    likewise as they are or as `query_key_columns(impl, head_dim)` makes them, `head_dim` then naming their width
+    before (None: q's width).
 
     With `segments.seq_axis`, q, k and v are this device's tokens of all heads: one all-to-all trades them for
     all tokens of this device's heads, the kernel runs on those, and a second all-to-all trades back (Ulysses;
@@ -272,12 +297,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl
 
         local = dataclasses.replace(segments, seq_axis=None)
         if v.shape == q.shape:
-            out = attention(*trade(jnp.stack([q, k, v])), local, impl)
+            out = attention(*trade(jnp.stack([q, k, v])), local, impl, head_dim)
         else:
-            out = attention(*trade(jnp.stack([q, k])), trade(v), local, impl)
+            out = attention(*trade(jnp.stack([q, k])), trade(v), local, impl, head_dim)
         return jax.lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
     if impl == "fa4":
-        return _fa4(q, k, v, segments)
+        return _fa4(q, k, v, segments, head_dim or q.shape[-1])
+    if head_dim not in (None, q.shape[-1]):
+        raise ValueError(f"attention {impl!r} takes q and k at head_dim {head_dim}, not widened to {q.shape[-1]}")
     if impl == "cudnn_packed":
         return _cudnn_packed(q, k, v, segments)
     if impl == "cudnn_padded":
@@ -329,12 +356,13 @@ def fa4_call_tile(head_dim: int, tokens: int, slots: int) -> Fa4Tile | None:
     attention work cannot repay the overflow check (tokens² / slots below `FA4_FIXED_SHIFT_MIN_WORK`)."""
     tile = FA4_TILES.get(head_dim)
     if tile is not None and tile.fixed_shift and tokens * tokens < FA4_FIXED_SHIFT_MIN_WORK * slots:
-        return dataclasses.replace(tile, fixed_shift=False)
+        return dataclasses.replace(tile, fixed_shift=False, shift_column=False)
     return tile
 
 
-def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
-    """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten.
+def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, head_dim: int) -> jax.Array:
+    """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten. q and k at
+    `head_dim`, or widened (`query_key_columns`): then the kernel's scale is the one that leaves q's log2 units.
 
     Under a `fixed_shift` schedule a row whose scores outgrow its first block's maximum by far enough to risk overflow
     comes back with a NaN log-sum-exp; then the call runs again with the same schedule's online maximum, so the result
@@ -343,18 +371,22 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
     from fa4_jax import flash_attn_varlen
 
     _route_fa4_schedules()
-    tokens, head_dim = q.shape[0], q.shape[-1]
+    tokens, widened = q.shape[0], q.shape[-1] != head_dim
     tile = fa4_call_tile(head_dim, tokens, segments.starts.shape[0])
+    if tile is not None and tile.shift_column and not widened:  # q and k as they are: no column to shift through
+        tile = dataclasses.replace(tile, shift_column=False)
     cu, used = cu_seqlens(segments, tokens), segments.lengths
+    scale = LN2 if widened else head_dim**-0.5
 
     def call(tile: Fa4Tile | None, **kw) -> jax.Array:
-        return flash_attn_varlen(q, k, v, cu, cu, seqused_q=used, seqused_k=used, mask_mod=_mark(tile), **kw)
+        mark = _mark(tile, head_dim)
+        return flash_attn_varlen(q, k, v, cu, cu, seqused_q=used, seqused_k=used, scale=scale, mask_mod=mark, **kw)
 
     if tile is None or not tile.fixed_shift or v.shape[-1] == head_dim:
         return call(tile)
     out, lse = call(tile, return_lse=True)
     overflowed = jnp.any(jnp.isnan(lse) & (segments.ids >= 0)[None])
-    online = dataclasses.replace(tile, fixed_shift=False)
+    online = dataclasses.replace(tile, fixed_shift=False, shift_column=False)
     # A loop run at most once rather than `lax.cond`: XLA passes the output through it in place, where the cond's
     # untaken branch copied it (`bench_fa4_guard.py`: +0.03 ms a block against +0.17).
     return jax.lax.while_loop(lambda carry: carry[1], lambda _: (call(online), jnp.bool_(False)), (out, overflowed))[0]
@@ -362,15 +394,16 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Ar
 
 @functools.cache
 def _schedule_mask() -> type:
-    """A mask mod that allows every pair and names an fa4 schedule. fa4-jax keys its kernels by a mask's class and
-    static fields, so `_fa4` hands each call its schedule this way; `_route_fa4_schedules` builds our kernel for it,
-    without a mask."""
+    """A mask mod that allows every pair and names an fa4 schedule and the head dim before any widening. fa4-jax keys
+    its kernels by a mask's class and static fields, so `_fa4` hands each call its schedule this way;
+    `_route_fa4_schedules` builds our kernel for it, without a mask."""
     from fa4_jax import MaskMod
     from fa4_jax.masks import static
 
     @dataclasses.dataclass(frozen=True)
     class Schedule(MaskMod):
         tile: str = static()
+        head_dim: int = static()
 
         def __call__(self, b, h, q_idx, kv_idx):
             return q_idx == q_idx  # every pair
@@ -378,16 +411,16 @@ def _schedule_mask() -> type:
     return Schedule
 
 
-def _mark(tile: Fa4Tile | None):
-    return None if tile is None else _schedule_mask()(str(tile))
+def _mark(tile: Fa4Tile | None, head_dim: int):
+    return None if tile is None else _schedule_mask()(str(tile), head_dim)
 
 
-def _marked_tile(mask) -> Fa4Tile | None:
-    """The schedule a call's mask (fa4-jax's treedef of it) names, if it is `_mark`'s."""
+def _marked(mask) -> tuple[Fa4Tile, int] | None:
+    """The schedule and head dim a call's mask (fa4-jax's treedef of it) names, if it is `_mark`'s."""
     if mask is None or mask.num_leaves:
         return None
     mark = mask.unflatten(())
-    return Fa4Tile.parse(mark.tile) if isinstance(mark, _schedule_mask()) else None
+    return (Fa4Tile.parse(mark.tile), mark.head_dim) if isinstance(mark, _schedule_mask()) else None
 
 
 def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
@@ -415,34 +448,38 @@ def _route_fa4_schedules() -> None:
 
     @functools.wraps(upstream)
     def get_fwd(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen=False):
-        tile = _marked_tile(mask_mod) or (FA4_TILES.get(head_dim) if mask_mod is None else None)
+        tile, dim = _marked(mask_mod) or (FA4_TILES.get(head_dim) if mask_mod is None else None, head_dim)
         ours = tile is not None and arch // 10 == 9 and not (causal or local)
-        if not ours or head_dim_v not in (head_dim, fa4_tile_width(head_dim)):
+        if not ours or {head_dim, head_dim_v} - {dim, fa4_tile_width(dim)}:
             return upstream(dtype, head_dim, head_dim_v, qhead_per_kvhead, causal, local, mask_mod, n_aux, arch, varlen)
-        return _fa4_sm90_forward(tile, dtype, head_dim, head_dim_v, qhead_per_kvhead, n_aux > 0)
+        return _fa4_sm90_forward(tile, dtype, dim, head_dim_v, qhead_per_kvhead, n_aux > 0, width=head_dim)
 
     kernels._get_fwd = get_fwd
 
 
 @functools.cache
-def _fa4_sm90_forward(tile: Fa4Tile, dtype, head_dim: int, head_dim_v: int, qhead_per_kvhead: int, aux: bool):
+def _fa4_sm90_forward(
+    tile: Fa4Tile, dtype, head_dim: int, head_dim_v: int, qhead_per_kvhead: int, aux: bool, width: int | None = None
+):
     """The Hopper forward kernel object for one schedule, V at `head_dim` or at the tile's width (then with the row
-    sums from its spare column under a `value_sums` schedule); refused before launch when its buffers do not fit in
-    shared memory (an oversized launch fails inside CUDA and poisons the context)."""
+    sums from its spare column under a `value_sums` schedule), q and k at `width` (`head_dim` or the tile's width,
+    `query_key_columns`); refused before launch when its buffers do not fit in shared memory (an oversized launch
+    fails inside CUDA and poisons the context)."""
     from fa4_jax.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
+    width = width or head_dim
     threads = (tile.m // 64 + 1) * 128  # one MMA warpgroup per 64 rows, plus the producer's
-    args = (dtype, head_dim, head_dim_v, tile.m, tile.n, tile.stages, threads, False)
+    args = (dtype, width, head_dim_v, tile.m, tile.n, tile.stages, threads, False)
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
     kind = FlashAttentionForwardSm90
     if tile.value_sums and head_dim_v > head_dim:
         from vitjax import fa4_sums
 
-        kind = fa4_sums.forward_class(head_dim, tile.fixed_shift)
+        kind = fa4_sums.forward_class(head_dim, tile.fixed_shift, tile.shift_column and width > head_dim)
     return kind(
         dtype,
-        head_dim,
+        width,
         head_dim_v,
         qhead_per_kvhead,
         is_causal=False,

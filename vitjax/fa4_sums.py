@@ -11,6 +11,11 @@ With the sums gone, a step's softmax is mostly its row maxima (56 FMNMX, the shu
 keys), and later blocks are exponentiated against it with no maximum and no rescale: exact, since softmax does not
 depend on the shift, while P stays finite. A row whose later scores pass that maximum by ~2^64 (its sum column past
 `OVERFLOW`) is poisoned, O and log-sum-exp NaN, and `attention._fa4` runs the call again with the online maximum.
+
+With `shift_column` too, q and k come at the tile's width, q scaled by head_dim**-0.5 · log2(e) and k with a one in
+column `head_dim` (`attention.shift_columns`): the first block writes each row's shift, negated and rounded to bf16,
+into that column of the Q tile in shared memory, so later blocks' Q·Kᵀ comes out already shifted and in log2 units,
+and a score's exponential is the MUFU alone (the FFMA of scale and shift goes: 56 a thread for each step).
 Reaches into fa4-jax 0.1.0's kernel module (its `Softmax`, swapped while the MMA warpgroups' code is traced, and the
 epilogue's signature): checked on `attention.FA4_VERIFIED` only.
 """
@@ -18,7 +23,7 @@ epilogue's signature): checked on `attention.FA4_VERIFIED` only.
 from __future__ import annotations
 
 import functools
-import math
+import inspect
 import operator
 
 import cutlass
@@ -27,7 +32,8 @@ from fa4_jax.cute import flash_fwd_sm90, utils
 from fa4_jax.cute.quack import layout_utils
 from fa4_jax.cute.softmax import Softmax
 
-LN2 = math.log(2.0)
+from vitjax.attention import LN2
+
 OVERFLOW = 2.0**64
 
 
@@ -36,6 +42,11 @@ class _SoftmaxWithoutSums(Softmax):
     first block's maxima (scaled) kept as the rows' shifts, and no maxima or rescale after it."""
 
     FIXED = False
+    # With a shift column (set per trace by `forward_class`'s `mma`): the Q tile in shared memory, the column the shift
+    # goes to, and this thread's (row, column) coordinates of a Q·Kᵀ accumulator.
+    QUERY = None
+    COLUMN = 0
+    COORDINATES = None
 
     @classmethod
     def create(cls, scale_log2, num_rows, arch=80, softmax_scale=None):
@@ -51,8 +62,20 @@ class _SoftmaxWithoutSums(Softmax):
         row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
         for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
             scores = acc_S_mn[r, None].load()
-            if cutlass.const_expr(self.FIXED and not is_first):  # the shift the first block set
+            if cutlass.const_expr(self.QUERY is not None and not is_first):  # Q·Kᵀ came shifted, in log2 units
+                acc_S_mn[r, None].store(cute.math.exp2(scores, fastmath=True))
+                row_scale[r] = 1.0
+            elif cutlass.const_expr(self.FIXED and not is_first):  # the shift the first block set
                 acc_S_mn[r, None].store(cute.math.exp2(scores * self.scale_log2 - self.row_max[r], fastmath=True))
+                row_scale[r] = 1.0
+            elif cutlass.const_expr(self.QUERY is not None):  # the first block: the shift, rounded as Q will hold it
+                current = utils.fmax_reduce(scores, arch=self.arch)
+                current = cute.arch.warp_reduction_max(current, threads_in_group=4)
+                current = 0.0 if current == -cutlass.Float32.inf else current
+                shift = (-current).to(cutlass.BFloat16)
+                self.row_max[r] = -shift.to(cutlass.Float32)
+                acc_S_mn[r, None].store(cute.math.exp2(scores - self.row_max[r], fastmath=True))
+                self.QUERY[self.COORDINATES[r, 0][0], self.COLUMN] = shift
                 row_scale[r] = 1.0
             else:
                 init = None if cutlass.const_expr(is_first) else self.row_max[r]
@@ -71,6 +94,10 @@ class _SoftmaxWithoutSums(Softmax):
                     row_scale[r] = 1.0
                 else:
                     row_scale[r] = cute.math.exp2((previous - current) * self.scale_log2, fastmath=True)
+        if cutlass.const_expr(self.QUERY is not None and is_first):
+            # each warp's wgmma reads the Q rows it holds (as fa4 relies on for P): fence, then the warp's own barrier
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
         return row_scale
 
     @cute.jit
@@ -95,11 +122,14 @@ class _FixedShiftSoftmax(_SoftmaxWithoutSums):
 
 
 @functools.cache
-def forward_class(head_dim: int, fixed_shift: bool = False) -> type:
-    """`FlashAttentionForwardSm90` for q and k at `head_dim` (a multiple of 8) and V at the tile's width with its sum
-    column at `head_dim`; `fixed_shift`: the rows' shifts fixed by their first block (module docstring)."""
+def forward_class(head_dim: int, fixed_shift: bool = False, shift_column: bool = False) -> type:
+    """`FlashAttentionForwardSm90` for V at the tile's width with its sum column at `head_dim` (a multiple of 8), q and
+    k at `head_dim` or, the call's choice, at the tile's width; `fixed_shift`: the rows' shifts fixed by their first
+    block; `shift_column` (with it, q and k at the tile's width): written into Q's column `head_dim` (module
+    docstring)."""
     base = flash_fwd_sm90.FlashAttentionForwardSm90
     softmax = _FixedShiftSoftmax if fixed_shift else _SoftmaxWithoutSums
+    signature = inspect.signature(base.mma)
     # In a thread's (rows, columns) view of a wgmma accumulator, local columns 2j and 2j + 1 are global columns
     # 8j + 2·(lane % 4) + (0, 1): local 2·head_dim/8 and the next cover columns head_dim .. head_dim + 7 over a quad of
     # lanes, the sum column and zeros.
@@ -108,6 +138,13 @@ def forward_class(head_dim: int, fixed_shift: bool = False) -> type:
     class SumsByTensorCores(base):
         def mma(self, *args, **kwargs):
             flash_fwd_sm90.Softmax = softmax
+            if shift_column:
+                given = signature.bind(self, *args, **kwargs).arguments
+                thread = given["tiled_mma_qk"].get_slice(given["tidx"])
+                scores = cute.make_identity_tensor((self.tile_m, self.tile_n))
+                coordinates = layout_utils.reshape_acc_to_mn(thread.partition_C(scores))
+                fields = {"QUERY": given["sQ"], "COLUMN": head_dim, "COORDINATES": coordinates}
+                flash_fwd_sm90.Softmax = type("ColumnShiftSoftmax", (softmax,), fields)
             try:
                 return base.mma(self, *args, **kwargs)
             finally:

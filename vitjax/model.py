@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vitjax.attention import Segments, attention, value_columns, widen
+from vitjax.attention import Segments, attention, query_key_columns, value_columns, widen
 from vitjax.config import VisionConfig
 from vitjax.layer_norm import layer_norm
 from vitjax.taps import buffer as tap_buffer
@@ -99,9 +99,11 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
         extra = value_columns(impl, self.head_dim)
+        scale, q_extra, k_extra = query_key_columns(impl, self.head_dim)
         qk, v = self.qk_v(x, extra)
-        q, k = apply_rotary(qk[:, 0], cos, sin), apply_rotary(qk[:, 1], cos, sin)
-        out = attention(q, k, v, segments, impl).reshape(x.shape[0], -1)
+        q = widen(apply_rotary(qk[:, 0], cos * scale, sin * scale), q_extra)  # scaled before q's rounding
+        k = widen(apply_rotary(qk[:, 1], cos, sin), k_extra)
+        out = attention(q, k, v, segments, impl, self.head_dim).reshape(x.shape[0], -1)
         if not extra:
             return self.proj(out)
         # the appended columns of the output (ones and zeros) meet zero rows of the projection
