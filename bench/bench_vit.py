@@ -45,7 +45,7 @@ from flax import nnx  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import buckets, layout  # noqa: E402
-from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
+from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile, widen  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 from vitjax.parallel import DataParallel, split_balanced  # noqa: E402
@@ -264,6 +264,15 @@ def threaded_encode(self, pixel_values, grids):
     return [out for group_outs in outs for out in group_outs]
 
 
+def rotary_then_widen(x, cos, sin, extra=()):
+    """q's and k's rotary as before 2026-11-26's seventh session: rotate_half's concatenation inside the elementwise
+    pass, then the extra columns appended by a second concatenation."""
+    xf = x.astype(jnp.float32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    out = (xf * cos[:, None] + jnp.concatenate([-x2, x1], axis=-1) * sin[:, None]).astype(x.dtype)
+    return widen(out, extra)
+
+
 # Code paths a vitjax run can take (`--paths`): attributes replaced while its executables are traced and run.
 PATHS = {
     "shipped": {},
@@ -274,6 +283,7 @@ PATHS = {
         (buckets.Engine, "_device_pieces"): previous_device_pieces,
     },
     "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
+    "rotary_then_widen": {(vitjax.model, "apply_rotary"): rotary_then_widen},
 }
 
 

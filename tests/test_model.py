@@ -309,3 +309,13 @@ def test_bad_shapes_are_rejected(loaded):
         enc.encode_patches(pixels_for([(1, 3, 4)], cfg), np.array([[1, 3, 4]]))
     with pytest.raises(ValueError, match=r"grid_thw must be an integer array \[n, 3\]"):
         enc.encode_patches(x, np.array([1, 4, 4]))
+
+
+def test_apply_rotary_appends_extra_columns():
+    """The columns `attention.query_key_columns` asks for come out after the rotated head, exactly, and the rotated
+    head is the rotary without them."""
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((5, 2, 8)), jnp.bfloat16)
+    cos, sin = rotary_tables(jnp.asarray(np.random.default_rng(7).integers(0, 9, (5, 2))), 8, 10000.0)
+    wide = np.asarray(apply_rotary(x, cos, sin, (1.0, 0.0)), np.float32)
+    np.testing.assert_array_equal(wide[..., :8], np.asarray(apply_rotary(x, cos, sin), np.float32))
+    np.testing.assert_array_equal(wide[..., 8:], np.broadcast_to([1.0, 0.0], (5, 2, 2)))

@@ -101,8 +101,8 @@ class Attention(nnx.Module):
         extra = value_columns(impl, self.head_dim)
         scale, q_extra, k_extra = query_key_columns(impl, self.head_dim)
         qk, v = self.qk_v(x, extra)
-        q = widen(apply_rotary(qk[:, 0], cos * scale, sin * scale), q_extra)  # scaled before q's rounding
-        k = widen(apply_rotary(qk[:, 1], cos, sin), k_extra)
+        q = apply_rotary(qk[:, 0], cos * scale, sin * scale, q_extra)  # scaled before q's one rounding
+        k = apply_rotary(qk[:, 1], cos, sin, k_extra)
         out = attention(q, k, v, segments, impl, self.head_dim).reshape(x.shape[0], -1)
         if not extra:
             return self.proj(out)
@@ -188,12 +188,19 @@ def rotary_tables(rope_pos: jax.Array, head_dim: int, theta: float) -> tuple[jax
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """rotate_half rotary on `[T, heads, head_dim]`, in fp32, cast back."""
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, extra: tuple[float, ...] = ()) -> jax.Array:
+    """rotate_half rotary on `[T, heads, head_dim]`, in fp32, cast back, with `extra` columns appended to every head
+    (`attention.query_key_columns`). Written as one concatenation of the two rotated halves and the extra columns
+    (cos and sin repeat over the halves): XLA fuses that into a single pass, where a concatenation after the rotary's
+    own took 1.2x its time (H100, bench/NOTES.md)."""
     xf = x.astype(F32)
     x1, x2 = jnp.split(xf, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (xf * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
+    half = x1.shape[-1]
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    pieces = [x1 * c - x2 * s, x2 * c + x1 * s]
+    if extra:
+        pieces.append(jnp.broadcast_to(jnp.asarray(extra, F32), (*x.shape[:-1], len(extra))))
+    return jnp.concatenate(pieces, axis=-1).astype(x.dtype)
 
 
 def _stacked(make, count: int, rngs: nnx.Rngs):
