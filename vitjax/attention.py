@@ -104,7 +104,9 @@ def fa4_tile_width(head_dim: int) -> int:
 # bench/NOTES.md). FA3 gives head_dim 80-96 P through shared memory because 192x128rs spills there; 112 keys do not.
 # V at the tile's width 80 with the row sums in its column 72 (`:vsum`): -10 to -11% alone, -3 to -4% on the 20-photo
 # tower device-only (H100, `bench_fa4_sums.py`, `bench_vit.py`). Each row shifted by its first block's maximum
-# (`:fix`, where `fa4_call_tile` gives it): -5 to -7% alone, -2 to -4% on the 20 photos and 8 x 1080p (H100).
+# (`:fix`, where `fa4_call_tile` gives it): -5 to -7% alone, -2 to -4% on the 20 photos and 8 x 1080p (H100). That
+# shift written into Q's spare column against a one in K's, q in log2 units (`:col`, `query_key_columns`): -11% alone,
+# -3 to -6% on the 20 photos and 8 x 1080p (H100).
 FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, True, fixed_shift=True, shift_column=True)}
 # The fixed shift's overflow check costs a call ~0.03 ms a block in control flow, against ~5% of the kernel: it pays in
 # buckets of much attention work, tokens² / slots at least this (the 20-photo and 8 x 1080p buckets, one 2K image; not
