@@ -284,6 +284,7 @@ PATHS = {
     },
     "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
     "rotary_then_widen": {(vitjax.model, "apply_rotary"): rotary_then_widen},
+    "shift_threshold_1e8": {(vitjax.attention, "FA4_FIXED_SHIFT_MIN_WORK"): 10**8},  # before 2026-11-26's 7th session
 }
 
 

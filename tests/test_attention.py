@@ -192,14 +192,15 @@ def test_widened_query_keys_only_for_fa4():
 
 def test_fa4_call_tile(monkeypatch):
     """The fixed shift (and its column) where a bucket's attention work repays its overflow check: the 20-photo and
-    8 x 1080p buckets, not one 720p image nor a bucket of clip frames; the rest of the schedule unchanged; head dims
-    without a schedule of ours keep fa4-jax's."""
+    8 x 1080p buckets, one or two 1080p images (8,192 tokens in one slot, 16,384 in four), not one or two 720p images
+    (3,584 in one, 8,192 in four) nor a bucket of clip frames; the rest of the schedule unchanged; head dims without a
+    schedule of ours keep fa4-jax's."""
     fixed = attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True, shift_column=True)
     monkeypatch.setattr(attention, "FA4_TILES", {72: fixed})
-    for tokens, slots in [(98304, 64), (65536, 16), (16384, 1)]:
+    for tokens, slots in [(98304, 64), (65536, 16), (16384, 1), (8192, 1), (16384, 4)]:
         assert attention.fa4_call_tile(72, tokens, slots) == fixed
     online = dataclasses.replace(fixed, fixed_shift=False, shift_column=False)
-    for tokens, slots in [(3584, 1), (32768, 64), (16384, 4)]:
+    for tokens, slots in [(3584, 1), (32768, 64), (8192, 4)]:
         assert attention.fa4_call_tile(72, tokens, slots) == online
     assert attention.fa4_call_tile(64, 98304, 64) is None
 

@@ -108,10 +108,11 @@ def fa4_tile_width(head_dim: int) -> int:
 # shift written into Q's spare column against a one in K's, q in log2 units (`:col`, `query_key_columns`): -11% alone,
 # -3 to -6% on the 20 photos and 8 x 1080p (H100).
 FA4_TILES: dict[int, Fa4Tile] = {72: Fa4Tile(192, 112, True, 3, True, fixed_shift=True, shift_column=True)}
-# The fixed shift's overflow check costs a call ~0.03 ms a block in control flow, against ~5% of the kernel: it pays in
-# buckets of much attention work, tokens² / slots at least this (the 20-photo and 8 x 1080p buckets, one 2K image; not
-# one 720p image, nor clip frames).
-FA4_FIXED_SHIFT_MIN_WORK = 10**8
+# The fixed shift's overflow check costs a call ~0.03 ms a block in control flow, against ~11% of the kernel (with the
+# shift column): it pays in buckets of enough attention work, tokens² / slots at least this (the 20-photo bucket, one or
+# two 1080p images, 4 and 8 x 720p and larger; not one or two 720p images, nor clip frames). At 10^8 before the shift
+# column: 3 x 10^7 took 2-6% off one and two 1080p images and 4 and 8 x 720p (H100, bench/NOTES.md).
+FA4_FIXED_SHIFT_MIN_WORK = 3 * 10**7
 LN2 = math.log(2.0)
 
 
