@@ -159,6 +159,13 @@ def test_fa4_tile_bad_names(text):
         attention.Fa4Tile.parse(text)
 
 
+@pytest.mark.parametrize("flags", [{"fixed_shift": True}, {"value_sums": True, "shift_column": True}])
+def test_fa4_tile_flags_that_need_another(flags):
+    """The fixed shift reads its overflow from the value sums, and the shift column writes the fixed shift."""
+    with pytest.raises(ValueError, match="the fixed shift needs the value sums, and the shift column the fixed shift"):
+        attention.Fa4Tile(192, 112, True, 3, **flags)
+
+
 def test_value_columns(monkeypatch):
     """fa4 under a value_sums schedule takes V at its tile's width, a ones column first, where the tile pads the head
     dim (72 in 80, the 8B-and-larger towers); no other path or head dim widens V."""

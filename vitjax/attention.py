@@ -74,6 +74,12 @@ class Fa4Tile:
     fixed_shift: bool = False
     shift_column: bool = False
 
+    def __post_init__(self):
+        if (self.fixed_shift and not self.value_sums) or (self.shift_column and not self.fixed_shift):
+            raise ValueError(
+                f"fa4 tile {self}: the fixed shift needs the value sums, and the shift column the fixed shift"
+            )
+
     @classmethod
     def parse(cls, text: str) -> Fa4Tile:
         found = re.fullmatch(r"(\d+)x(\d+)(rs|ss)(\d*)(:vsum(:fix(:col)?)?)?", text.strip())
