@@ -210,6 +210,7 @@ def test_fa4_call_tile(monkeypatch):
     for tokens, slots in [(3584, 1), (32768, 64), (8192, 4)]:
         assert attention.fa4_call_tile(72, tokens, slots) == online
     assert attention.fa4_call_tile(64, 98304, 64) is None
+    assert attention.fa4_call_tile(72, 98304, 64, "float16") == online  # P in float16 stops at 2^16
 
 
 def _seq_split(fn, devices: int):

@@ -360,11 +360,14 @@ def cu_seqlens(segments: Segments, tokens: int) -> jax.Array:
     return jnp.concatenate([zero, segments.starts[1:].astype(jnp.int32), end])
 
 
-def fa4_call_tile(head_dim: int, tokens: int, slots: int) -> Fa4Tile | None:
+def fa4_call_tile(head_dim: int, tokens: int, slots: int, dtype: DTypeLike = jnp.bfloat16) -> Fa4Tile | None:
     """The schedule of one fa4 call (None: fa4-jax's own): `FA4_TILES`', without its fixed shift in buckets whose
-    attention work cannot repay the overflow check (tokens² / slots below `FA4_FIXED_SHIFT_MIN_WORK`)."""
+    attention work cannot repay the overflow check (tokens² / slots below `FA4_FIXED_SHIFT_MIN_WORK`), nor for float16
+    towers: P goes to P·V in the tower's dtype, and float16's stops at 2^16, so a later key only 16 (log2 units) past
+    the first block's maximum would send the call to the fallback (bfloat16 has float32's range)."""
     tile = FA4_TILES.get(head_dim)
-    if tile is not None and tile.fixed_shift and tokens * tokens < FA4_FIXED_SHIFT_MIN_WORK * slots:
+    small = tokens * tokens < FA4_FIXED_SHIFT_MIN_WORK * slots
+    if tile is not None and tile.fixed_shift and (small or jnp.dtype(dtype) != jnp.bfloat16):
         return dataclasses.replace(tile, fixed_shift=False, shift_column=False)
     return tile
 
@@ -381,7 +384,7 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, head_dim:
 
     _route_fa4_schedules()
     tokens, widened = q.shape[0], q.shape[-1] != head_dim
-    tile = fa4_call_tile(head_dim, tokens, segments.starts.shape[0])
+    tile = fa4_call_tile(head_dim, tokens, segments.starts.shape[0], q.dtype)
     if tile is not None and tile.shift_column and not widened:  # q and k as they are: no column to shift through
         tile = dataclasses.replace(tile, shift_column=False)
     cu, used = cu_seqlens(segments, tokens), segments.lengths

@@ -13,9 +13,9 @@ depend on the shift, while P stays finite. A row whose later scores pass that ma
 `OVERFLOW`) is poisoned, O and log-sum-exp NaN, and `attention._fa4` runs the call again with the online maximum.
 
 With `shift_column` too, q and k come at the tile's width, q scaled by head_dim**-0.5 · log2(e) and k with a one in
-column `head_dim` (`attention.query_key_columns`): the first block writes each row's shift, negated and rounded to bf16,
-into that column of the Q tile in shared memory, so later blocks' Q·Kᵀ comes out already shifted and in log2 units,
-and a score's exponential is the MUFU alone (the FFMA of scale and shift goes: 56 a thread for each step).
+column `head_dim` (`attention.query_key_columns`): the first block writes each row's shift, negated and rounded to Q's
+dtype, into that column of the Q tile in shared memory, so later blocks' Q·Kᵀ comes out already shifted and in log2
+units, and a score's exponential is the MUFU alone (the FFMA of scale and shift goes: 56 a thread for each step).
 Reaches into fa4-jax 0.1.0's kernel module (its `Softmax`, swapped while the MMA warpgroups' code is traced, and the
 epilogue's signature): checked on `attention.FA4_VERIFIED` only.
 """
@@ -72,7 +72,7 @@ class _SoftmaxWithoutSums(Softmax):
                 current = utils.fmax_reduce(scores, arch=self.arch)
                 current = cute.arch.warp_reduction_max(current, threads_in_group=4)
                 current = 0.0 if current == -cutlass.Float32.inf else current
-                shift = (-current).to(cutlass.BFloat16)
+                shift = (-current).to(self.QUERY.element_type)
                 self.row_max[r] = -shift.to(cutlass.Float32)
                 acc_S_mn[r, None].store(cute.math.exp2(scores - self.row_max[r], fastmath=True))
                 self.QUERY[self.COORDINATES[r, 0][0], self.COLUMN] = shift
