@@ -62,22 +62,14 @@ class _SoftmaxWithoutSums(Softmax):
         row_scale = cute.make_fragment_like(self.row_max, cutlass.Float32)
         for r in cutlass.range(cute.size(self.row_max), unroll_full=True):
             scores = acc_S_mn[r, None].load()
-            if cutlass.const_expr(self.QUERY is not None and not is_first):  # Q·Kᵀ came shifted, in log2 units
-                acc_S_mn[r, None].store(cute.math.exp2(scores, fastmath=True))
+            if cutlass.const_expr(self.FIXED and not is_first):  # exponentials against the shift the first block set
+                if cutlass.const_expr(self.QUERY is not None):  # Q·Kᵀ came shifted, in log2 units
+                    shifted = scores
+                else:
+                    shifted = scores * self.scale_log2 - self.row_max[r]
+                acc_S_mn[r, None].store(cute.math.exp2(shifted, fastmath=True))
                 row_scale[r] = 1.0
-            elif cutlass.const_expr(self.FIXED and not is_first):  # the shift the first block set
-                acc_S_mn[r, None].store(cute.math.exp2(scores * self.scale_log2 - self.row_max[r], fastmath=True))
-                row_scale[r] = 1.0
-            elif cutlass.const_expr(self.QUERY is not None):  # the first block: the shift, rounded as Q will hold it
-                current = utils.fmax_reduce(scores, arch=self.arch)
-                current = cute.arch.warp_reduction_max(current, threads_in_group=4)
-                current = 0.0 if current == -cutlass.Float32.inf else current
-                shift = (-current).to(self.QUERY.element_type)
-                self.row_max[r] = -shift.to(cutlass.Float32)
-                acc_S_mn[r, None].store(cute.math.exp2(scores - self.row_max[r], fastmath=True))
-                self.QUERY[self.COORDINATES[r, 0][0], self.COLUMN] = shift
-                row_scale[r] = 1.0
-            else:
+            else:  # the row maxima: every block online, the first under a fixed shift
                 init = None if cutlass.const_expr(is_first) else self.row_max[r]
                 current = utils.fmax_reduce(scores, init_val=init, arch=self.arch)
                 current = cute.arch.warp_reduction_max(current, threads_in_group=4)
@@ -85,11 +77,17 @@ class _SoftmaxWithoutSums(Softmax):
                 self.row_max[r] = current
                 if cutlass.const_expr(check_inf):
                     current = 0.0 if current == -cutlass.Float32.inf else current
-                if cutlass.const_expr(self.FIXED):
-                    self.row_max[r] = current * self.scale_log2
-                acc_S_mn[r, None].store(
-                    cute.math.exp2(scores * self.scale_log2 - current * self.scale_log2, fastmath=True)
-                )
+                if cutlass.const_expr(self.QUERY is not None):  # the shift as Q will hold it, rounded to its dtype
+                    shift = (-current).to(self.QUERY.element_type)
+                    self.QUERY[self.COORDINATES[r, 0][0], self.COLUMN] = shift
+                    self.row_max[r] = -shift.to(cutlass.Float32)
+                    acc_S_mn[r, None].store(cute.math.exp2(scores - self.row_max[r], fastmath=True))
+                else:
+                    if cutlass.const_expr(self.FIXED):
+                        self.row_max[r] = current * self.scale_log2
+                    acc_S_mn[r, None].store(
+                        cute.math.exp2(scores * self.scale_log2 - current * self.scale_log2, fastmath=True)
+                    )
                 if cutlass.const_expr(is_first):
                     row_scale[r] = 1.0
                 else:
