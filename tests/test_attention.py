@@ -185,6 +185,7 @@ def test_query_key_columns(monkeypatch):
     scale = 72**-0.5 * np.log2(np.e)
     assert attention.query_key_columns("fa4", 72) == (pytest.approx(scale, rel=1e-12), (0.0,) * 8, (1.0,) + (0.0,) * 7)
     assert attention.query_key_columns("cudnn_packed", 72) == attention.query_key_columns("fa4", 64) == (1.0, (), ())
+    assert attention.query_key_columns("fa4", 72, "float16") == (1.0, (), ())  # float16 keeps the online maximum
     monkeypatch.setitem(attention.FA4_TILES, 72, attention.Fa4Tile(192, 112, True, 3, True, True))
     assert attention.query_key_columns("fa4", 72) == (1.0, (), ())  # the fixed shift without the column
 

@@ -237,14 +237,17 @@ def value_columns(impl: str, head_dim: int) -> tuple[float, ...]:
     return (1.0,) + (0.0,) * (fa4_tile_width(head_dim) - head_dim - 1)
 
 
-def query_key_columns(impl: str, head_dim: int) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
-    """How `impl` wants q and k: q multiplied by a factor, then the columns appended to every head of q and of k. For
-    fa4 under a `shift_column` schedule q in log2 units (head_dim**-0.5 · log2(e), applied before q's one rounding to
-    bf16) with zeros up to the tile's width, k with a one and zeros: the kernel writes each row's shift into q's first
-    spare column. (1.0, (), ()) where q and k go as they are."""
+def query_key_columns(
+    impl: str, head_dim: int, dtype: DTypeLike = jnp.bfloat16
+) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    """How `impl` wants q and k of a tower in `dtype`: q multiplied by a factor, then the columns appended to every head
+    of q and of k. For fa4 under a `shift_column` schedule (towers that hold the fixed shift) q in log2 units
+    (head_dim**-0.5 · log2(e), applied before q's one rounding) with zeros up to the tile's width, k with a one and
+    zeros: the kernel writes each row's shift into q's first spare column. (1.0, (), ()) where q and k go as they
+    are."""
     tile = FA4_TILES.get(head_dim)
     columns = value_columns(impl, head_dim)
-    if not columns or not tile.shift_column:
+    if not columns or not tile.shift_column or not _holds_fixed_shift(dtype):
         return 1.0, (), ()
     return head_dim**-0.5 / LN2, (0.0,) * len(columns), columns
 
@@ -360,14 +363,20 @@ def cu_seqlens(segments: Segments, tokens: int) -> jax.Array:
     return jnp.concatenate([zero, segments.starts[1:].astype(jnp.int32), end])
 
 
+def _holds_fixed_shift(dtype: DTypeLike) -> bool:
+    """Whether P in `dtype` holds the fixed shift's exponentials (up to 2^64 before the overflow check): bfloat16 has
+    float32's range; float16 stops at 2^16, so a later key only 16 (log2 units) past the first block's maximum would
+    send the call to the fallback."""
+    return jnp.dtype(dtype) == jnp.bfloat16
+
+
 def fa4_call_tile(head_dim: int, tokens: int, slots: int, dtype: DTypeLike = jnp.bfloat16) -> Fa4Tile | None:
     """The schedule of one fa4 call (None: fa4-jax's own): `FA4_TILES`', without its fixed shift in buckets whose
-    attention work cannot repay the overflow check (tokens² / slots below `FA4_FIXED_SHIFT_MIN_WORK`), nor for float16
-    towers: P goes to P·V in the tower's dtype, and float16's stops at 2^16, so a later key only 16 (log2 units) past
-    the first block's maximum would send the call to the fallback (bfloat16 has float32's range)."""
+    attention work cannot repay the overflow check (tokens² / slots below `FA4_FIXED_SHIFT_MIN_WORK`), nor where P
+    (in the call's dtype) cannot hold it (`_holds_fixed_shift`)."""
     tile = FA4_TILES.get(head_dim)
     small = tokens * tokens < FA4_FIXED_SHIFT_MIN_WORK * slots
-    if tile is not None and tile.fixed_shift and (small or jnp.dtype(dtype) != jnp.bfloat16):
+    if tile is not None and tile.fixed_shift and (small or not _holds_fixed_shift(dtype)):
         return dataclasses.replace(tile, fixed_shift=False, shift_column=False)
     return tile
 

@@ -99,8 +99,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: Segments, impl: str) -> jax.Array:
         extra = value_columns(impl, self.head_dim)
-        scale, q_extra, k_extra = query_key_columns(impl, self.head_dim)
         qk, v = self.qk_v(x, extra)
+        scale, q_extra, k_extra = query_key_columns(impl, self.head_dim, qk.dtype)
         q = apply_rotary(qk[:, 0], cos * scale, sin * scale, q_extra)  # scaled before q's one rounding
         k = apply_rotary(qk[:, 1], cos, sin, k_extra)
         out = attention(q, k, v, segments, impl, self.head_dim).reshape(x.shape[0], -1)
