@@ -135,21 +135,26 @@ def run_fn(impl: str, seg: attention.Segments):
     pinned: dict = {}
     made: dict = {}
 
-    def forms(dim: int):
-        return pinned.setdefault(dim, (attention.value_columns(impl, dim), attention.query_key_columns(impl, dim)))
+    def forms(q):
+        dim = q.shape[-1]
+        wanted = (attention.value_columns(impl, dim), attention.query_key_columns(impl, dim, q.dtype))
+        return pinned.setdefault(dim, wanted)
+
+    def scaled(q):
+        """q as the path takes it: in log2 units where `query_key_columns` says so (rounded a second time here)."""
+        scale = forms(q)[1][0]
+        return q if scale == 1.0 else (q.astype(jnp.float32) * scale).astype(q.dtype)
 
     def query(q):
-        scale = forms(q.shape[-1])[1][0]
-        return q if scale == 1.0 else (q.astype(jnp.float32) * scale).astype(q.dtype).astype(jnp.float32) / scale
+        scale = forms(q)[1][0]
+        return q if scale == 1.0 else scaled(q).astype(jnp.float32) / scale
 
     def call(q, k, v):
-        dim = q.shape[-1]
-        columns, (scale, q_extra, k_extra) = forms(dim)
+        columns, (_, q_extra, k_extra) = forms(q)
         if made.get("of") != (id(q), id(k), id(v)):
-            wide_q = attention.widen((q.astype(jnp.float32) * scale).astype(q.dtype), q_extra) if q_extra else q
-            inputs = (wide_q, attention.widen(k, k_extra), attention.widen(v, columns))
+            inputs = (attention.widen(scaled(q), q_extra), attention.widen(k, k_extra), attention.widen(v, columns))
             made.update(of=(id(q), id(k), id(v)), keep=(q, k, v), inputs=inputs)
-        return fn(*made["inputs"], seg, impl, dim)
+        return fn(*made["inputs"], seg, impl, q.shape[-1])
 
     call.query = query
     return call
