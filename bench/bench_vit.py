@@ -118,10 +118,11 @@ def median_time(fn, reps: int) -> tuple[float, list[float]]:
     return float(np.median(times)), times
 
 
-def device_events(call, calls: int = 3) -> list[tuple[str, str, float, float]]:
+def device_events(call, calls: int = 3, hlo: bool = False) -> list[tuple[str, str, float, float]]:
     """(device line, op, start µs, duration µs) of every GPU op of `calls` runs of `call` (which waits for its
     results) under JAX's profiler, in time order. XLA's device lines name each op (fusions, custom calls, GEMMs)
-    as in the optimized HLO."""
+    as in the optimized HLO; a library kernel (cuBLAS's) goes by its own name, so `hlo` appends the HLO op that
+    launched it (which GEMM of the block a kernel ran)."""
     jax.block_until_ready(call())
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
@@ -137,14 +138,18 @@ def device_events(call, calls: int = 3) -> list[tuple[str, str, float, float]]:
     for e in events:
         process = names.get((e.get("pid"), None), "")
         if e.get("ph") == "X" and ("GPU" in process or "gpu" in process):
-            ops.append((names.get((e["pid"], e.get("tid")), "?"), e["name"], float(e["ts"]), float(e.get("dur", 0))))
+            op = e["name"]
+            if hlo:
+                op = f"{op} @ {e.get('args', {}).get('hlo_op', '?')}"
+            ops.append((names.get((e["pid"], e.get("tid")), "?"), op, float(e["ts"]), float(e.get("dur", 0))))
     return sorted(ops, key=lambda op: op[2])
 
 
-def op_times(call, calls: int = 3) -> list[tuple[str, str, float]]:
-    """(device line, op, ms per call) of `calls` runs of `call` under JAX's profiler, largest first."""
+def op_times(call, calls: int = 3, hlo: bool = False) -> list[tuple[str, str, float]]:
+    """(device line, op, ms per call) of `calls` runs of `call` under JAX's profiler, largest first (`hlo`: as in
+    `device_events`)."""
     total: dict[tuple[str, str], float] = collections.defaultdict(float)
-    for line, op, _, dur in device_events(call, calls):
+    for line, op, _, dur in device_events(call, calls, hlo):
         total[(line, op)] += dur / 1e3 / calls
     return sorted(((line, op, ms) for (line, op), ms in total.items()), key=lambda r: -r[2])
 
@@ -273,6 +278,22 @@ def rotary_then_widen(x, cos, sin, extra=()):
     return widen(out, extra)
 
 
+def wide_output_attention(self, x, cos, sin, segments, impl):
+    """The block's attention as before 2026-11-26's eighth session: fa4 under a value-sums schedule wrote its output
+    as wide as v (80 at head_dim 72), whose appended columns met zero rows of the projection (K = 1280)."""
+    extra = vitjax.attention.value_columns(impl, self.head_dim)
+    qk, v = self.qk_v(x, extra)
+    scale, q_extra, k_extra = vitjax.attention.query_key_columns(impl, self.head_dim, qk.dtype)
+    q = vitjax.model.apply_rotary(qk[:, 0], cos * scale, sin * scale, q_extra)
+    k = vitjax.model.apply_rotary(qk[:, 1], cos, sin, k_extra)
+    out = vitjax.attention.attention(q, k, v, segments, impl, self.head_dim).reshape(x.shape[0], -1)
+    if out.shape[1] == self.num_heads * self.head_dim:
+        return self.proj(out)
+    w = self.proj.kernel[...].reshape(self.num_heads, self.head_dim, -1)
+    w = jnp.pad(w, ((0, 0), (0, len(extra)), (0, 0))).reshape(out.shape[1], -1)
+    return jnp.dot(out, w, precision=self.proj.precision) + self.proj.bias[...]
+
+
 # Code paths a vitjax run can take (`--paths`): attributes replaced while its executables are traced and run.
 PATHS = {
     "shipped": {},
@@ -285,6 +306,10 @@ PATHS = {
     "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
     "rotary_then_widen": {(vitjax.model, "apply_rotary"): rotary_then_widen},
     "shift_threshold_1e8": {(vitjax.attention, "FA4_FIXED_SHIFT_MIN_WORK"): 10**8},  # before 2026-11-26's 7th session
+    "wide_output": {
+        (vitjax.attention, "_output_width"): lambda mask, width: width,
+        (vitjax.model.Attention, "__call__"): wide_output_attention,
+    },
 }
 
 
@@ -533,7 +558,7 @@ def run_vitjax(
             with GpuSampler(calls=reps_for(tokens) + 1) as gpu:  # median_time calls once more, untimed
                 t_dev, _ = median_time(device_only, reps_for(tokens))
             if profile and name in {m[0] for m in MAIN}:
-                ops = op_times(device_only)
+                ops = op_times(device_only, hlo=True)
                 row["device_busy_ms"] = sum(ms for _, _, ms in ops)
                 for line, op, ms in ops[:40]:
                     emit(
