@@ -92,7 +92,7 @@ def compile_schedule(text: str, head_dim: int) -> dict:
         return make_fake_compact_tensor(cutlass.Int32, (cute.sym_int32(),), stride_order=(0,), assumed_align=256)
 
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    tensors = (rows(), rows(), rows(width_v), ints(), ints(), rows(width_v))
+    tensors = (rows(), rows(), rows(width_v), ints(), ints(), rows(head_dim))  # O at head_dim (`attention._fa4`)
     cute.compile(forward, stream, *tensors, options="--enable-tvm-ffi")
     return row
 

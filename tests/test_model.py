@@ -109,8 +109,8 @@ def test_attention(loaded):
 
 
 def test_attention_with_a_wider_v_matches_hf(loaded, monkeypatch):
-    """V widened as fa4's value-sums schedule wants it (zero weights, a bias of one then zeros), the output's extra
-    columns met by zero rows of the projection: still HF's attention (run here with XLA's path, which takes any V)."""
+    """V widened as fa4's value-sums schedule wants it (zero weights, a bias of one then zeros), the attention back at
+    head_dim for the projection: still HF's attention (run here with XLA's path, which takes any V)."""
     cfg, hf, _, model = loaded
     columns = (1.0,) + (0.0,) * 7
     monkeypatch.setattr("vitjax.model.value_columns", lambda impl, head_dim: columns)

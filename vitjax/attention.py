@@ -228,9 +228,8 @@ def bucket_implementation(impl: str, segments: int, automatic: bool) -> str:
 def value_columns(impl: str, head_dim: int) -> tuple[float, ...]:
     """The columns `impl` wants appended to every head of v (the same in every row), or (): for fa4 at a head dim its
     tile pads under a `value_sums` schedule (72 in a tile of 80), a one (the softmax's row sums ride in that column
-    of P·V) and zeros up to the tile's width. The output then comes back as wide: the appended columns hold ones and
-    zeros, the first `head_dim` are the attention (v's columns are the projection weights' to make: zero weights,
-    these as bias)."""
+    of P·V) and zeros up to the tile's width. The output still comes back at `head_dim` (`_output_width`). v's
+    columns are the projection weights' to make: zero weights, these as bias."""
     tile = FA4_TILES.get(head_dim)
     if impl != "fa4" or tile is None or not tile.value_sums or fa4_tile_width(head_dim) == head_dim:
         return ()
@@ -292,10 +291,10 @@ def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, impl: str = "reference", head_dim: int | None = None
 ) -> jax.Array:
-    """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, v's width]` in q's dtype. v is
-    `[T, heads, head_dim]`, or wider by `value_columns(impl, head_dim)` (which fa4's kernel then relies on); q and k
-    likewise as they are or as `query_key_columns(impl, head_dim)` makes them, `head_dim` then naming their width
-    before (None: q's width).
+    """Block-diagonal softmax attention, scale head_dim**-0.5; returns `[T, heads, head_dim]` in q's dtype. v is
+    `[T, heads, head_dim]`, or wider by `value_columns(impl, head_dim)`, which fa4's kernel then relies on (the other
+    paths leave the appended columns out); q and k likewise as they are or as `query_key_columns(impl, head_dim)`
+    makes them, `head_dim` then naming their width before (None: q's width).
 
     With `segments.seq_axis`, q, k and v are this device's tokens of all heads: one all-to-all trades them for
     all tokens of this device's heads, the kernel runs on those, and a second all-to-all trades back (Ulysses;
@@ -317,6 +316,7 @@ def attention(
         return _fa4(q, k, v, segments, head_dim or q.shape[-1])
     if head_dim not in (None, q.shape[-1]):
         raise ValueError(f"attention {impl!r} takes q and k at head_dim {head_dim}, not widened to {q.shape[-1]}")
+    v = v[..., : q.shape[-1]]
     if impl == "cudnn_packed":
         return _cudnn_packed(q, k, v, segments)
     if impl == "cudnn_padded":
@@ -383,7 +383,8 @@ def fa4_call_tile(head_dim: int, tokens: int, slots: int, dtype: DTypeLike = jnp
 
 def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, head_dim: int) -> jax.Array:
     """FlashAttention-4's packed forward; padding rows (outside every used length) are left unwritten. q and k at
-    `head_dim`, or widened (`query_key_columns`): then the kernel's scale is the one that leaves q's log2 units.
+    `head_dim`, or widened (`query_key_columns`): then the kernel's scale is the one that leaves q's log2 units. The
+    output comes at `head_dim` (`_output_width`), also where v is widened.
 
     Under a `fixed_shift` schedule a row whose scores outgrow its first block's maximum by far enough to risk overflow
     comes back with a NaN log-sum-exp; then the call runs again with the same schedule's online maximum, so the result
@@ -444,6 +445,32 @@ def _marked(mask) -> tuple[Fa4Tile, int] | None:
     return (Fa4Tile.parse(mark.tile), mark.head_dim) if isinstance(mark, _schedule_mask()) else None
 
 
+def _output_width(mask, width: int) -> int:
+    """O's width for an fa4 call with V `width` wide and `mask` (fa4-jax's treedef of its mask mod): the head dim before
+    widening where the call's schedule (`_mark`) takes the row sums from V's spare column, since the kernel divides
+    O by that column and its store (TMA, which drops what falls outside the tensor) leaves the spare columns out; the
+    projection then reads the attention as HF's weights take it (K = 1152, not 1280 with zero rows). Else V's."""
+    marked = _marked(mask)
+    return marked[1] if marked and marked[0].value_sums and width > marked[1] else width
+
+
+def _narrowed(method):
+    """fa4-jax's `CuteBackend.fwd` or `fwd_lse` with the output sized by `_output_width` (upstream sizes it by V)."""
+
+    @functools.wraps(method)
+    def call(self, cfg, q, k, v, aux, seqlens=None):
+        width = _output_width(cfg.mask, v.shape[-1])
+        if width == v.shape[-1]:
+            return method(self, cfg, q, k, v, aux, seqlens)
+        self._out_struct = lambda q, v: jax.ShapeDtypeStruct((*q.shape[:-1], width), q.dtype)
+        try:
+            return method(self, cfg, q, k, v, aux, seqlens)
+        finally:
+            del self._out_struct
+
+    return call
+
+
 def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
     """Use `tile` for fa4's Hopper forward at `head_dim` from the next trace on (None: fa4-jax's own table).
     Programs compiled before keep the kernel they were traced with."""
@@ -461,8 +488,10 @@ def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
 def _route_fa4_schedules() -> None:
     """fa4-jax 0.1.0 builds the Hopper forward with FA3's tile for the head dim (`fa4_jax.kernels._get_fwd`, keyed
     on head_dim only); route the plain (non-causal) forwards through our schedule instead: the one `_fa4` names
-    (`_mark`), or for calls without a mask the head dim's in `FA4_TILES`. The one place that reaches into fa4-jax's
-    internals: checked on `FA4_VERIFIED`."""
+    (`_mark`), or for calls without a mask the head dim's in `FA4_TILES`. Calls `_fa4` names get their output at
+    `_output_width`: the forward primitive's shape rule and the backend's output buffer both size it by V upstream.
+    The one place that reaches into fa4-jax's internals: checked on `FA4_VERIFIED`."""
+    from fa4_jax import attention as fa4_attention
     from fa4_jax import kernels
 
     upstream = kernels._get_fwd
@@ -476,6 +505,15 @@ def _route_fa4_schedules() -> None:
         return _fa4_sm90_forward(tile, dtype, dim, head_dim_v, qhead_per_kvhead, n_aux > 0, width=head_dim)
 
     kernels._get_fwd = get_fwd
+    shapes = fa4_attention._fwd_abstract
+
+    def shape_rule(*args, cfg, need_lse):
+        out, *rest = shapes(*args, cfg=cfg, need_lse=need_lse)
+        return (out.update(shape=(*out.shape[:-1], _output_width(cfg.mask, out.shape[-1]))), *rest)
+
+    fa4_attention.fa4_fwd_p.def_abstract_eval(shape_rule)
+    kernels.CuteBackend.fwd = _narrowed(kernels.CuteBackend.fwd)
+    kernels.CuteBackend.fwd_lse = _narrowed(kernels.CuteBackend.fwd_lse)
 
 
 @functools.cache

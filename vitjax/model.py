@@ -103,13 +103,7 @@ class Attention(nnx.Module):
         scale, q_extra, k_extra = query_key_columns(impl, self.head_dim, qk.dtype)
         q = apply_rotary(qk[:, 0], cos * scale, sin * scale, q_extra)  # scaled before q's one rounding
         k = apply_rotary(qk[:, 1], cos, sin, k_extra)
-        out = attention(q, k, v, segments, impl, self.head_dim).reshape(x.shape[0], -1)
-        if not extra:
-            return self.proj(out)
-        # the appended columns of the output (ones and zeros) meet zero rows of the projection
-        w = self.proj.kernel[...].reshape(self.num_heads, self.head_dim, -1)
-        w = jnp.pad(w, ((0, 0), (0, len(extra)), (0, 0))).reshape(out.shape[1], -1)
-        return _dense(self.proj, out, w, self.proj.bias[...])
+        return self.proj(attention(q, k, v, segments, impl, self.head_dim).reshape(x.shape[0], -1))
 
 
 class MLP(nnx.Module):
