@@ -315,15 +315,19 @@ PATHS = {
 
 @contextlib.contextmanager
 def code_path(name: str):
-    """Executables traced and calls run inside take the code path `PATHS[name]`."""
+    """Executables traced and calls run inside take the code path `PATHS[name]`. JAX's trace caches are cleared on the
+    way in and out: a primitive's lowering (fa4-jax's forward) is traced once per config and reused, which would carry
+    one path's output shape into another's."""
     saved = {(owner, attr): getattr(owner, attr) for owner, attr in PATHS[name]}
     for (owner, attr), value in PATHS[name].items():
         setattr(owner, attr, value)
+    jax.clear_caches()
     try:
         yield
     finally:
         for (owner, attr), value in saved.items():
             setattr(owner, attr, value)
+        jax.clear_caches()
 
 
 def reps_for(tokens: int) -> int:
