@@ -246,6 +246,33 @@ def test_fa4_value_sums_agree(grids, slots):
     np.testing.assert_allclose(lse[1][:, real], lse[0][:, real], atol=2e-3)
 
 
+def test_fa4_calls_lowered_on_several_threads_keep_their_widths():
+    """Buckets compile on several threads at once (a warm-up, the fitter). fa4's output width is set for the call a
+    thread lowers (`attention._narrowed`): at head_dim 72 with V widened each output is 72 wide, at 64 (no spare
+    column) 64, and each is the fp32 reference's."""
+    if not _runs("fa4"):
+        pytest.skip("fa4 runs on Hopper with fa4-jax")
+    import concurrent.futures
+
+    def one(head_dim: int, rows: int) -> tuple[int, float]:
+        tokens = 32 * rows
+        packed = layout.pack([(1, 32, rows)], tokens, 1)
+        seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=tokens)
+        rng = np.random.default_rng(tokens + head_dim)
+        q, k, v = (jnp.asarray(rng.standard_normal((tokens, 16, head_dim)), jnp.bfloat16) for _ in range(3))
+        wide = attention.widen(v, attention.value_columns("fa4", head_dim))
+        got = jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4")
+        ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)
+        return got.shape[-1], float(np.abs(np.asarray(got, np.float32) - ref).max())
+
+    cases = [(head_dim, rows) for rows in (32, 48, 64) for head_dim in (72, 64)]
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(lambda case: one(*case), cases))
+    for (head_dim, rows), (width, err) in zip(cases, results, strict=True):
+        print(f"fa4 lowered on a thread, head_dim {head_dim}, {32 * rows} tokens: width {width}, max abs err {err:.4f}")
+        assert width == head_dim and err < 0.03
+
+
 @pytest.mark.parametrize("widened", [False, True])
 @pytest.mark.parametrize("gap", [45.0, 100.0])
 def test_fa4_fixed_shift_holds_or_falls_back(gap, widened, monkeypatch):

@@ -29,6 +29,7 @@ import importlib.metadata
 import math
 import os
 import re
+import threading
 import warnings
 
 import jax
@@ -454,21 +455,29 @@ def _output_width(mask, width: int) -> int:
     return marked[1] if marked and marked[0].value_sums and width > marked[1] else width
 
 
+# The output width of the fa4 call this thread is lowering (`_narrowed`): buckets compile on several threads at once.
+_LOWERING = threading.local()
+
+
 def _narrowed(method):
-    """fa4-jax's `CuteBackend.fwd` or `fwd_lse` with the output sized by `_output_width` (upstream sizes it by V)."""
+    """fa4-jax's `CuteBackend.fwd` or `fwd_lse`, its output buffer (`_sized_output`) at `_output_width`."""
 
     @functools.wraps(method)
     def call(self, cfg, q, k, v, aux, seqlens=None):
-        width = _output_width(cfg.mask, v.shape[-1])
-        if width == v.shape[-1]:
-            return method(self, cfg, q, k, v, aux, seqlens)
-        self._out_struct = lambda q, v: jax.ShapeDtypeStruct((*q.shape[:-1], width), q.dtype)
+        _LOWERING.width = _output_width(cfg.mask, v.shape[-1])
         try:
             return method(self, cfg, q, k, v, aux, seqlens)
         finally:
-            del self._out_struct
+            _LOWERING.width = None
 
     return call
+
+
+def _sized_output(q, v) -> jax.ShapeDtypeStruct:
+    """fa4-jax's `CuteBackend._out_struct` (which sizes the output by V) at the width `_narrowed` set for this thread's
+    call, else V's."""
+    width = getattr(_LOWERING, "width", None) or v.shape[-1]
+    return jax.ShapeDtypeStruct((*q.shape[:-1], width), q.dtype)
 
 
 def set_fa4_tile(head_dim: int, tile: Fa4Tile | None) -> None:
@@ -514,6 +523,7 @@ def _route_fa4_schedules() -> None:
     fa4_attention.fa4_fwd_p.def_abstract_eval(shape_rule)
     kernels.CuteBackend.fwd = _narrowed(kernels.CuteBackend.fwd)
     kernels.CuteBackend.fwd_lse = _narrowed(kernels.CuteBackend.fwd_lse)
+    kernels.CuteBackend._out_struct = staticmethod(_sized_output)
 
 
 @functools.cache
