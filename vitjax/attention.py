@@ -405,7 +405,7 @@ def _fa4(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, head_dim:
         mark = _mark(tile, head_dim)
         return flash_attn_varlen(q, k, v, cu, cu, seqused_q=used, seqused_k=used, scale=scale, mask_mod=mark, **kw)
 
-    if tile is None or not tile.fixed_shift or v.shape[-1] == head_dim:
+    if tile is None or not tile.fixed_shift or not _sums_kernel(tile, head_dim, v.shape[-1]):
         return call(tile)
     out, lse = call(tile, return_lse=True)
     overflowed = jnp.any(jnp.isnan(lse) & (segments.ids >= 0)[None])
@@ -446,13 +446,19 @@ def _marked(mask) -> tuple[Fa4Tile, int] | None:
     return (Fa4Tile.parse(mark.tile), mark.head_dim) if isinstance(mark, _schedule_mask()) else None
 
 
+def _sums_kernel(tile: Fa4Tile, head_dim: int, width_v: int) -> bool:
+    """Whether a call under `tile` runs `vitjax.fa4_sums`' kernel: a value-sums schedule given V wider than the head dim
+    (its sum column). Only that kernel takes the fixed shift; it divides O by the column and writes O at head_dim."""
+    return tile.value_sums and width_v > head_dim
+
+
 def _output_width(mask, width: int) -> int:
     """O's width for an fa4 call with V `width` wide and `mask` (fa4-jax's treedef of its mask mod): the head dim before
     widening where the call's schedule (`_mark`) takes the row sums from V's spare column, since the kernel divides
     O by that column and its store (TMA, which drops what falls outside the tensor) leaves the spare columns out; the
     projection then reads the attention as HF's weights take it (K = 1152, not 1280 with zero rows). Else V's."""
     marked = _marked(mask)
-    return marked[1] if marked and marked[0].value_sums and width > marked[1] else width
+    return marked[1] if marked and _sums_kernel(*marked, width) else width
 
 
 # The output width of the fa4 call this thread is lowering (`_narrowed`): buckets compile on several threads at once.
@@ -542,7 +548,7 @@ def _fa4_sm90_forward(
     if not FlashAttentionForwardSm90.can_implement(*args, mma_pv_is_rs=tile.p_in_registers):
         raise ValueError(f"fa4 tile {tile} does not fit on this GPU at head_dim {head_dim}")
     kind = FlashAttentionForwardSm90
-    if tile.value_sums and head_dim_v > head_dim:
+    if _sums_kernel(tile, head_dim, head_dim_v):
         from vitjax import fa4_sums
 
         kind = fa4_sums.forward_class(head_dim, tile.fixed_shift, tile.shift_column and width > head_dim)
