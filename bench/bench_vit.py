@@ -306,6 +306,11 @@ PATHS = {
     "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
     "rotary_then_widen": {(vitjax.model, "apply_rotary"): rotary_then_widen},
     "shift_threshold_1e8": {(vitjax.attention, "FA4_FIXED_SHIFT_MIN_WORK"): 10**8},  # before 2026-11-26's 7th session
+    # cuBLASLt's first N kernels for each GEMM, timed by XLA's autotuner (0, shipped: every kernel cuBLASLt offers)
+    **{
+        f"gemm_top{n}": {(buckets, "COMPILER_OPTIONS"): {**COMPILER_OPTIONS, "xla_gpu_autotune_max_solutions": n}}
+        for n in (2, 3, 4, 8)
+    },
     "wide_output": {
         (vitjax.attention, "_output_width"): lambda mask, width: width,
         (vitjax.model.Attention, "__call__"): wide_output_attention,
@@ -422,7 +427,7 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
     inputs = TowerInputs(dev[1], dev[2], dev[3], Segments(dev[4], dev[5], dev[6], max_length))
 
     def compiled(fn, *args):  # with the bucket executables' XLA options
-        options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
+        options = buckets.COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
         return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
     x = compiled(lambda s, p, inp: nnx.merge(graph, s).embed(p, inp), state, dev[0], inputs)(state, dev[0], inputs)
