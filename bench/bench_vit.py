@@ -155,19 +155,20 @@ def op_times(call, calls: int = 3, hlo: bool = False) -> list[tuple[str, str, fl
 
 
 class GpuSampler:
-    """The first GPU's SM clock and board power, sampled by nvidia-smi every 100 ms while a workload runs: an H200
-    holds its 700 W limit by lowering the clock, so the same program runs slower on a hotter or busier board, and
-    these medians say which (empty where nvidia-smi is missing). With `calls`, the board's energy counter (NVML)
-    gives the joules each of that many calls took, gaps between them included, beside the enforced power limit; only
-    over windows of `MIN_ENERGY_WINDOW_S` or more, since the counter advances in coarse steps (70 ms windows read
-    0 J)."""
+    """The first GPU's SM clock, board power and temperature, sampled by nvidia-smi every 100 ms while a workload
+    runs: an H200 holds its 700 W limit by lowering the clock, so the same program runs slower on a hotter or busier
+    board, and these medians say which (empty where nvidia-smi is missing). With `calls`, the board's energy counter
+    (NVML) gives the joules each of that many calls took, gaps between them included, beside the enforced power
+    limit; only over windows of `MIN_ENERGY_WINDOW_S` or more, since the counter advances in coarse steps (70 ms
+    windows read 0 J)."""
 
     def __init__(self, calls: int = 0):
         self.calls = calls
 
     def __enter__(self) -> GpuSampler:
         self.stats: dict[str, float] = {}
-        query = ["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"]
+        fields = "clocks.sm,power.draw,temperature.gpu"
+        query = ["nvidia-smi", "-i", "0", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
         try:
             self._proc = subprocess.Popen([*query, "-lms", "100"], stdout=subprocess.PIPE, text=True)
         except OSError:
@@ -192,8 +193,25 @@ class GpuSampler:
             except ValueError:  # "[N/A]" on boards that do not report one of them
                 continue
         if values:
-            clock, power = np.median(np.array(values), axis=0)
-            self.stats.update(sm_mhz_median=float(clock), power_w_median=float(power))
+            clock, power, celsius = np.median(np.array(values), axis=0)
+            self.stats.update(
+                sm_mhz_median=float(clock), power_w_median=float(power), temperature_c_median=float(celsius)
+            )
+
+
+def sustained(call, seconds: float, call_s: float, window_s: float = 5.0) -> list[dict]:
+    """`call` back to back for `seconds`, in windows of about `window_s` (`call_s` a call): each window's median call
+    (ms) with the board's energy per call, clock, power and temperature (`GpuSampler`). A server under steady load
+    runs where the last windows do, on a warmer board than the first calls'."""
+    calls = max(3, round(window_s / call_s))
+    windows, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        with GpuSampler(calls=calls) as gpu:
+            times = [_timed(call) for _ in range(calls)]
+        windows.append(
+            {"ms": round(float(np.median(times)) * 1e3, 3), **{k: round(v, 2) for k, v in gpu.stats.items()}}
+        )
+    return windows
 
 
 def _nvml_energy() -> tuple[float, float] | None:
@@ -474,13 +492,15 @@ def run_vitjax(
     profile: bool = False,
     max_call_tokens: int = 0,
     fit_under_load: bool = False,
+    sustain: float = 0.0,
 ) -> dict:
     """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
     `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements.
     `profile`: the device-only call's device ops too (`tower_op` rows, largest first). `max_call_tokens`: the
     token ladder cut there, so a larger request runs as several calls (rows then carry the cap). `fit_under_load`:
     calls go on while a fitted bucket compiles, as a server's would (their times in `ms_during_fit`), instead of
-    waiting for it on an idle GPU."""
+    waiting for it on an idle GPU. `sustain`: that many seconds more of device-only calls of each main workload
+    (`sustained`)."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
     impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
@@ -581,6 +601,8 @@ def run_vitjax(
                             "ms": ms,
                         }
                     )
+            if sustain and name in {m[0] for m in MAIN}:
+                row["sustained"] = sustained(device_only, sustain, t_dev)
             ran = [c.bucket.tokens for c in engine.run(on_device, grids)]
             del on_device
             row.update(
@@ -723,6 +745,14 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="device time per op of each device-only tower call")
     ap.add_argument("--smoke", action="store_true", help="tiny config and images: check the script on a CPU")
     ap.add_argument(
+        "--sustain",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="after each main workload's measured calls, device-only calls back to back for this long, in 5 s windows "
+        "(the row's `sustained`: the call time, energy, clock and temperature of a board under steady load)",
+    )
+    ap.add_argument(
         "--devices", default="1", help="vitjax runs: device counts, 'spN' for N devices in one Ulysses group: 1,2,sp2"
     )
     ap.add_argument(
@@ -837,6 +867,7 @@ def main() -> None:
                         profile=args.profile,
                         max_call_tokens=cap,
                         fit_under_load=args.fit_under_load,
+                        sustain=args.sustain,
                     )
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
