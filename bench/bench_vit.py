@@ -380,7 +380,8 @@ def results_file(out_dir: Path | str, meta: dict) -> Path:
 # ----------------------------------------------------------------------------------------------- HF
 
 
-def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit) -> None:
+def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit, sustain: float = 0.0) -> None:
+    """HF's tower on the workloads, its input already on the GPU; `sustain` as `run_vitjax`'s."""
     import torch
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
@@ -408,18 +409,19 @@ def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray,
             torch.cuda.reset_peak_memory_stats()
         t, times = median_time(step, reps_for(tokens))
         gemm, attn = flops(cfg, grids)
-        emit(
-            {
-                "impl": "hf",
-                "workload": name,
-                "images": len(grids),
-                "patches": tokens,
-                "ms": t * 1e3,
-                "ms_all": [round(v * 1e3, 3) for v in times],
-                "tflops": (gemm + attn) / t / 1e12,
-                "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
-            }
-        )
+        row = {
+            "impl": "hf",
+            "workload": name,
+            "images": len(grids),
+            "patches": tokens,
+            "ms": t * 1e3,
+            "ms_all": [round(v * 1e3, 3) for v in times],
+            "tflops": (gemm + attn) / t / 1e12,
+            "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
+        }
+        if sustain and name in {m[0] for m in MAIN}:
+            row["sustained"] = sustained(step, sustain, t)
+        emit(row)
         del x
     del model
     if device == "cuda":
@@ -749,8 +751,9 @@ def main() -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="after each main workload's measured calls, device-only calls back to back for this long, in 5 s windows "
-        "(the row's `sustained`: the call time, energy, clock and temperature of a board under steady load)",
+        help="after each main workload's measured calls (HF's, and vitjax's device-only ones), calls back to back for "
+        "this long, in 5 s windows (the row's `sustained`: the call time, energy, clock and temperature of a board "
+        "under steady load)",
     )
     ap.add_argument(
         "--devices", default="1", help="vitjax runs: device counts, 'spN' for N devices in one Ulysses group: 1,2,sp2"
@@ -827,7 +830,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vitjax-bench-"))
     os.environ["VITJAX_CACHE_DIR"] = str(work / "xla-cache")
     weights = work / "weights"
-    run_hf(cfg, weights, [] if args.no_hf else items, pool, emit)  # the weights come from the HF model
+    run_hf(cfg, weights, [] if args.no_hf else items, pool, emit, args.sustain)  # the weights come from the HF model
     infos = {}
     ladders = [tuple(map(int, v.split(","))) for v in args.segment_ladders.split(";")] if args.segment_ladders else []
     token_ladders = args.token_ladders.split(";") if args.token_ladders else [""]
