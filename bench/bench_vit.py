@@ -54,6 +54,7 @@ from vitjax.row_views import row_view  # noqa: E402
 PRESET = "qwen3-vl-8b"
 RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}
 MAIN = [("1x720p", 1, "720p"), ("8x1080p", 8, "1080p"), ("20x960x1280", 20, "960x1280")]
+MAIN_NAMES = frozenset(name for name, _, _ in MAIN)  # the workloads that get per-op, per-part and sustained rows
 # Videos at HF's Qwen3-VL defaults (2 frames a second, ~137k pixels a frame): clips of 60 s to 257 s, as many
 # temporal slices of 16x30 patches, each slice its own attention segment (`vitjax.preprocess.video_resized_size`).
 # The 65, 129 and 257 s clips sit just past a rung of the segment ladder (one slice a second).
@@ -419,7 +420,7 @@ def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray,
             "tflops": (gemm + attn) / t / 1e12,
             "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
         }
-        if sustain and name in {m[0] for m in MAIN}:
+        if sustain and name in MAIN_NAMES:
             row["sustained"] = sustained(step, sustain, t)
         emit(row)
         del x
@@ -588,7 +589,7 @@ def run_vitjax(
 
             with GpuSampler(calls=reps_for(tokens) + 1) as gpu:  # median_time calls once more, untimed
                 t_dev, _ = median_time(device_only, reps_for(tokens))
-            if profile and name in {m[0] for m in MAIN}:
+            if profile and name in MAIN_NAMES:
                 ops = op_times(device_only, hlo=True)
                 row["device_busy_ms"] = sum(ms for _, _, ms in ops)
                 for line, op, ms in ops[:40]:
@@ -603,7 +604,7 @@ def run_vitjax(
                             "ms": ms,
                         }
                     )
-            if sustain and name in {m[0] for m in MAIN}:
+            if sustain and name in MAIN_NAMES:
                 row["sustained"] = sustained(device_only, sustain, t_dev)
             ran = [c.bucket.tokens for c in engine.run(on_device, grids)]
             del on_device
@@ -614,7 +615,7 @@ def run_vitjax(
                 tflops_device_only=(gemm + attn) / t_dev / 1e12,
                 **{f"device_only_{k}": v for k, v in gpu.stats.items()},
             )
-            if parts and len(plan) == 1 and name in {m[0] for m in MAIN}:
+            if parts and len(plan) == 1 and name in MAIN_NAMES:
                 row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
         emit(row)
     return {"buckets": [list(b) for b in compiled], "attention": label}
