@@ -116,7 +116,8 @@ def gpu_past_the_first(argv: list[str]) -> str | None:
 
 def check_hook() -> None:
     """Import the external packages the way SGLang will, but strictly: SGLang only logs an import error there
-    and would silently serve its own torch tower (and skip the request checks)."""
+    and would silently serve its own torch tower (and skip the request checks). `import_model_classes(...,
+    strict=True)` is checked on sglang 0.5.23."""
     from sglang.srt.models.registry import import_model_classes
 
     from bridge.sglang_models import qwen3_vl
@@ -135,8 +136,9 @@ def prepare(argv: Sequence[str]) -> list[str]:
     choice = "jax" if choice is None else choice
     if choice not in backend.BACKENDS:
         raise UsageError(f"{FLAG} {choice!r}: expected one of {', '.join(backend.BACKENDS)}")
+    settings = with_config_file(args)
     if choice == "jax":
-        model = pop_option(with_config_file(args), MODEL_FLAGS, remove=False)
+        model = pop_option(settings, MODEL_FLAGS, remove=False)
         if model is None:
             raise UsageError("--model-path is required")
         archs = model_architectures(model)
@@ -145,14 +147,19 @@ def prepare(argv: Sequence[str]) -> list[str]:
                 f"{model}: architectures {archs} is not Qwen3-VL; {FLAG} jax serves "
                 f"{' and '.join(backend.ARCHITECTURES)} ({FLAG} torch runs any model on SGLang's own towers)"
             )
-    dtype = pop_option(with_config_file(args), ["--dtype"], remove=False)
+        # SGLang 0.5.23 builds another class for `--model-impl transformers` (its Transformers backend, with HF's
+        # torch tower), so the JAX tower would silently not run.
+        impl = pop_option(settings, ["--model-impl"], remove=False)
+        if (impl or "auto").lower() not in ("auto", "sglang"):
+            raise UsageError(f"--model-impl {impl}: {FLAG} jax runs in SGLang's own Qwen3-VL classes (auto or sglang)")
+    dtype = pop_option(settings, ["--dtype"], remove=False)
     try:
         backend.configure(choice, dtype=SGLANG_DTYPES.get((dtype or "auto").lower()))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if choice == "jax":
         check_hook()
-        if backend.preallocates() and (where := gpu_past_the_first(with_config_file(args))):
+        if backend.preallocates() and (where := gpu_past_the_first(settings)):
             raise UsageError(
                 f"{where} runs towers on GPUs past the first, and a JAX tower there opens every GPU, so JAX must "
                 "not preallocate (it would take memory on each of them): set XLA_PYTHON_CLIENT_PREALLOCATE=false"

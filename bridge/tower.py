@@ -162,8 +162,9 @@ class JaxVisionTower(nn.Module):
                 return torch.empty((0, self.out_hidden_size), device=self.device, dtype=self.dtype)
             # Each output views its call's padded output. The features are copied into one tensor of their own
             # rows, by torch (a JAX concatenation compiles once per combination of sizes): SGLang's cache sees a
-            # tensor's own bytes only, so a view would keep the whole padded output alive uncounted.
-            parts = [dlpack.to_torch(out) for out in outs]
+            # tensor's own bytes only, so a view would keep the whole padded output alive uncounted. An encoder
+            # on several devices leaves each image's features where it ran: they are gathered on the tower's.
+            parts = [dlpack.to_torch(out).to(self.device) for out in outs]
             features = parts[0].clone() if len(parts) == 1 else torch.cat(parts)
             if trace := os.environ.get(backend.TRACE_ENV):
                 record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
@@ -172,7 +173,7 @@ class JaxVisionTower(nn.Module):
                         f.write(json.dumps(record) + "\n")
                 except OSError as e:  # a full disk or a removed folder costs the trace, never the request
                     warnings.warn(f"{backend.TRACE_ENV}={trace!r}: not written ({e.strerror or e})", stacklevel=2)
-            return features if features.device == self.device else features.to(self.device)
+            return features
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         """torch's current CUDA device set to the tower's around JAX work and given back after: JAX may leave the CUDA

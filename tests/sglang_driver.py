@@ -3,7 +3,8 @@
 `python tests/sglang_driver.py SPEC.json OUT.json`: SPEC gives the backend ("torch": SGLang's own tower,
 "jax": the bridge, configured exactly as `bridge.launch_server` configures it), the model, Engine
 arguments and the requests, sent one at a time (an `update_weights` entry instead updates those tensors to
-their saved values times its `scale`, default 1). OUT gets, per request, the greedy output tokens with their
+their saved values times its `scale`, default 1; a `save_sharded` entry saves the model's torch parameters
+there, as SGLang's `save_sharded_model` does). OUT gets, per request, the greedy output tokens with their
 log-probabilities and top alternatives, or the error (per update, what SGLang answered). A process of its own
 per Engine, because SGLang reads its hooks from the environment at spawn time and kills its process tree on
 fatal errors.
@@ -73,6 +74,10 @@ def main(spec_file: str, out_file: str) -> None:
                     engine.end_weight_update(),
                 ]
                 results.append({"update": [list(step) for step in steps]})
+                continue
+            if "save_sharded" in request:  # the model's torch parameters, for `--load-format sharded_state`
+                engine.save_sharded_model(path=request["save_sharded"], pattern=None, max_size=None)
+                results.append({"saved": request["save_sharded"]})
                 continue
             images = request.get("images") or None
             if "processor_output" in request:  # pixel rows as given, bypassing SGLang's image processor

@@ -147,6 +147,19 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     assert prepare(["--config", str(tmp_path / "serve.yaml")]) == ["--config", str(tmp_path / "serve.yaml")]
     with pytest.raises(UsageError, match=r"--config: .*not found"):
         prepare(["--config", str(tmp_path / "missing.yaml")])
+    # SGLang's Transformers backend would build a class of its own, with HF's torch tower.
+    with pytest.raises(UsageError, match=r"^--model-impl transformers: --mm-encoder-backend jax runs in SGLang's own"):
+        prepare(["--model-path", str(dense), "--model-impl", "transformers"])
+    (tmp_path / "impl.yaml").write_text(f"model-path: {dense}\nmodel-impl: transformers\n")
+    with pytest.raises(UsageError, match=r"^--model-impl transformers: "):
+        prepare(["--config", str(tmp_path / "impl.yaml")])
+    assert prepare(["--model-path", str(dense), "--model-impl=sglang"]) == [
+        "--model-path",
+        str(dense),
+        "--model-impl=sglang",
+    ]
+    torch_impl = ["--model-path", str(dense), "--model-impl", "transformers"]
+    assert prepare(["--mm-encoder-backend", "torch", *torch_impl]) == torch_impl  # stock SGLang: the user's choice
     other = tmp_path / "llama"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,11 +103,10 @@ def runs(dense, tmp_path_factory):
     return stock, run_engine(tmp, "jax", "jax", dense, requests)
 
 
-def run_engine(
+def engine_process(
     tmp: Path, name: str, backend_name: str, model: Path, requests: list[dict], engine: dict | None = None, **env
-) -> tuple:
-    """(results per request, tower calls traced) of one Engine run in its own process (`engine`: more of SGLang's
-    Engine arguments)."""
+) -> subprocess.CompletedProcess:
+    """One Engine run in its own process (`engine`: more of SGLang's Engine arguments), finished."""
     spec, out, trace = tmp / f"{name}.json", tmp / f"{name}.out.json", tmp / f"{name}.trace.jsonl"
     spec.write_text(
         json.dumps({"backend": backend_name, "model": str(model), "requests": requests, "engine": engine or {}})
@@ -118,14 +118,20 @@ def run_engine(
         backend.WARMUP_ENV: "512",
         **env,
     }
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(HERE / "sglang_driver.py"), str(spec), str(out)],
         env=environ,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def run_engine(tmp: Path, name: str, *args, **kwargs) -> tuple:
+    """(results per request, tower calls traced) of one Engine run (`engine_process`'s arguments)."""
+    proc = engine_process(tmp, name, *args, **kwargs)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    out, trace = tmp / f"{name}.out.json", tmp / f"{name}.trace.jsonl"
     calls = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
     return json.loads(out.read_text()), calls
 
@@ -207,10 +213,24 @@ def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(dense, tmp_
     assert [c["grid_thw"] for c in calls] == [[[1, 16, 16]], [[1, 4, 4]]]  # the refused ones never reached the tower
 
 
-def test_dummy_weights_give_the_jax_tower_random_ones(dense, tmp_path):
+def test_load_formats_that_skip_load_weights(dense, tmp_path):
     """`--load-format dummy` (benchmarks): SGLang reads no checkpoint and draws its parameters at random; the JAX
-    tower gets random weights of its own and the request is answered (the server used to die at warm-up)."""
-    [got], calls = run_engine(tmp_path, "dummy", "jax", dense, REQUESTS[:1], engine={"load_format": "dummy"})
+    tower gets random weights of its own and the request is answered (the server used to die at warm-up). A format
+    that fills SGLang's parameters another way (here `sharded_state`, from that engine's `save_sharded_model`, which
+    holds no vision tensors) is refused at start, by name, where it used to serve a random tower."""
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    requests = [REQUESTS[0], {"save_sharded": str(sharded)}]
+    [got, saved], calls = run_engine(tmp_path, "dummy", "jax", dense, requests, engine={"load_format": "dummy"})
     assert "error" not in got and len(got["tokens"]) > 0, got
     astronaut = preprocess_image(IMAGES / "astronaut.jpg", MIN_PIXELS, MAX_PIXELS)[1].tolist()
     assert [c["grid_thw"] for c in calls] == [astronaut]
+
+    assert saved == {"saved": str(sharded)} and list(sharded.glob("model-rank-0-part-*.safetensors"))
+    for f in dense.iterdir():  # the config, tokenizer and processor beside the saved parameters
+        if f.suffix != ".safetensors":
+            shutil.copy(f, sharded)
+    proc = engine_process(tmp_path, "sharded", "jax", sharded, REQUESTS[:1], engine={"load_format": "sharded_state"})
+    assert proc.returncode != 0
+    assert "vitjax: --load-format sharded_state gave SGLang's parameters their values without" in proc.stderr
+    assert not (tmp_path / "sharded.out.json").exists()

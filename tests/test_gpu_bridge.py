@@ -209,3 +209,42 @@ def test_tower_on_a_gpu_other_than_the_first():
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
     run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode != 0 and "XLA_PYTHON_CLIENT_PREALLOCATE must be false" in run.stderr
+
+
+TWO_GPUS = """
+import json
+import jax, jax.numpy as jnp, numpy as np, torch
+from conftest import GRIDS, TINY, hf_outputs, hf_vision_model, pixels_for
+import bridge, vitjax
+from vitjax.weights import from_named_arrays
+cfg = TINY["hd72"]
+hf = hf_vision_model(cfg, seed=6)
+pixels = pixels_for(GRIDS, cfg, seed=6)
+params = from_named_arrays(((n, v.numpy()) for n, v in hf.state_dict().items()), cfg, "HF state_dict")
+enc = vitjax.Encoder.from_params(cfg, params, "bfloat16", devices=2, cache_bytes=0)
+outs = enc.encode_patches(pixels.astype(jnp.bfloat16), np.asarray(GRIDS))
+held = sorted({str(d) for out in outs for d in out.devices()})
+out = bridge.JaxVisionTower(enc)(torch.from_numpy(pixels).to("cuda:0", torch.bfloat16), torch.tensor(GRIDS))
+ref = hf_outputs(hf, pixels, GRIDS)
+a, b = out.double().cpu().numpy().ravel(), ref.astype(np.float64).ravel()
+print(json.dumps({"held": held, "features": str(out.device), "shapes": [list(out.shape), list(ref.shape)],
+                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tower_over_an_encoder_on_two_gpus():
+    """`bridge.JaxVisionTower(enc)` over an encoder on two GPUs (its own process, so JAX opens both): each image's
+    features stay on the GPU that ran it, and the tower gathers them into one tensor on its device, equal to HF."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parent)])}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    run = subprocess.run([sys.executable, "-c", TWO_GPUS], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"encoder on {got['held']}: features on {got['features']}, cos vs HF fp32 {got['cos']:.6f}")
+    assert got["held"] == ["cuda:0", "cuda:1"] and got["features"] == "cuda:0"
+    assert got["shapes"][0] == got["shapes"][1] and got["cos"] > 0.999

@@ -8,8 +8,8 @@ any other backend they are SGLang's classes unchanged. SGLang's feature calls, p
 chunk-aware encoding, DP encoder and encoder server all stay SGLang's.
 
 Checked against sglang 0.5.23 (the module global `Qwen3VLMoeVisionModel` that the constructor calls, the
-constructor's keyword names, the `precompile_kernels_after_loading` hook, and the vision tensor names its
-`load_weights` takes).
+constructor's keyword names, the `precompile_kernels_after_loading` hook, the vision tensor names its
+`load_weights` takes, and where the load format is read).
 """
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ def hf_visual_name(name: str) -> str:
     takes for its tower: the checkpoint's `model.visual.` or SGLang's `visual.`, and SGLang's `attn.qkv_proj.` for
     HF's `attn.qkv.` (weight updates may carry SGLang's parameter names, or both prefixes in one update)."""
     return name.removeprefix("model.").replace(".attn.qkv_proj.", ".attn.qkv.")
+
+
+def sglang_load_format() -> str:
+    """The `--load-format` SGLang loads this model with (its runtime context's model settings, which a draft
+    model's loading overrides with its own; checked on sglang 0.5.23)."""
+    from sglang.srt.runtime_context import get_model
+
+    load_format = get_model().load_format
+    return str(getattr(load_format, "value", load_format))
 
 
 @contextlib.contextmanager
@@ -101,8 +110,16 @@ class _VitjaxTower:
         if parent is not None:
             parent()
         if self._vitjax():
-            if self.visual.encoder is None:  # `--load-format dummy`: SGLang read no weights and drew its own at random
-                logger.info("vitjax: no checkpoint was read; the vision tower gets random weights")
+            if self.visual.encoder is None:  # SGLang filled its parameters without calling `load_weights`
+                load_format = sglang_load_format()
+                if load_format != "dummy":
+                    raise RuntimeError(
+                        f"vitjax: --load-format {load_format} gave SGLang's parameters their values without the "
+                        "model's load_weights, so the JAX vision tower, which holds its weights outside torch, read "
+                        "none; serve with a format that reads the checkpoint's tensors (auto, safetensors, pt) or "
+                        "with --mm-encoder-backend torch"
+                    )
+                logger.info("vitjax: --load-format dummy: the vision tower gets random weights, as SGLang's did")
                 self.visual.load_random()
             self.visual.warmup_for_serving()
 

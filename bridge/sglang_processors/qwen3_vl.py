@@ -3,7 +3,8 @@
 In SGLang 0.5.23 an error inside the scheduler's forward (a tower call with pixel rows that do not fit
 their grid, or embeddings that do not fit the prompt's placeholders) takes the whole server down. Here,
 in the tokenizer process, the same mismatch is an error for its own request: the grid must be valid, the
-pixel rows exactly t*h*w, and the placeholder span exactly t*h*w/4 tokens (vitjax's own check).
+pixel rows exactly t*h*w, and the placeholder span exactly t*h*w/4 tokens (vitjax's own check). The
+hook is `process_and_combine_mm_data_async` and the items' fields it reads (checked on sglang 0.5.23).
 """
 
 from __future__ import annotations
