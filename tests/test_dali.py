@@ -297,7 +297,7 @@ def test_auto_is_pil_without_a_gpu(enc):
         enc.resolve_decoder("nvjpeg")
 
 
-def test_cli_decoder_dali_writes_the_same_keys_and_metadata(tmp_path, capsys):
+def test_cli_decoder_dali_writes_the_same_keys_metadata_and_features(tmp_path, capsys):
     hf_vision_model(TINY["hd64"]).save_pretrained(tmp_path / "hf")
     inputs = [str(p) for p in PHOTOS[:3]]
     written = {}
@@ -307,9 +307,12 @@ def test_cli_decoder_dali_writes_the_same_keys_and_metadata(tmp_path, capsys):
         assert cli_main([*args, "--decoder", decoder]) == 0
         assert f"decoder {decoder}) to {out}" in capsys.readouterr().err
         with safe_open(out, "np") as f:
-            written[decoder] = (sorted(f.keys()), json.loads(f.metadata()["vitjax"]))
-    (keys_pil, meta_pil), (keys_dali, meta_dali) = written["pil"], written["dali"]
-    assert keys_pil == keys_dali and meta_pil.keys() == meta_dali.keys()
+            written[decoder] = ({k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["vitjax"]))
+    (pil, meta_pil), (dali, meta_dali) = written["pil"], written["dali"]
+    assert sorted(pil) == sorted(dali) and meta_pil.keys() == meta_dali.keys()
+    for key in pil:  # each image's features under its own key, as close as the tower's outputs are
+        x, y = pil[key].astype(np.float64).ravel(), dali[key].astype(np.float64).ravel()
+        assert x.shape == y.shape and x @ y / np.linalg.norm(x) / np.linalg.norm(y) >= 0.9999, key
     assert meta_pil["decoder"] == "pil" and meta_dali["decoder"] == "dali"
     for a, b, path in zip(meta_pil["images"], meta_dali["images"], PHOTOS[:3], strict=True):
         assert a.keys() == b.keys() and a["grid_thw"] == b["grid_thw"] and a["source"] == b["source"]

@@ -33,11 +33,23 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs an N
 
 # 720p, a portrait photo, a small square and a 2-frame video: 3520 + 768 + 256 + 480 patches.
 GRIDS = [(1, 44, 80), (1, 32, 24), (1, 16, 16), (2, 12, 20)]
+# Attention against the fp32 reference: max error per segment, as a share of the segment's output scale.
+SCALED_TOLERANCE = 0.02
 
 
 def _cos_mae(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), float(np.abs(a - b).mean())
+
+
+def _error_to_scale(got: np.ndarray, ref: np.ndarray, segment_ids: np.ndarray) -> float:
+    """The largest max |got - ref| / max |ref| over the packed segments: each segment's outputs are averages of its
+    own V rows, so each has its own scale (a tiny frame's reach ~2, a 3,520-token frame's ~0.2, where an absolute
+    bound would let a key dropped per segment pass). bf16 rounding alone is ~0.004 of the scale."""
+    return max(
+        float(np.abs(got[segment_ids == i] - ref[segment_ids == i]).max() / np.abs(ref[segment_ids == i]).max())
+        for i in np.unique(segment_ids[segment_ids >= 0])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -211,9 +223,10 @@ def test_attention_paths_agree(head_dim, grids, slots):
     real = packed.segment_ids >= 0
     for impl in [i for i in attention.IMPLEMENTATIONS if i != "reference" and _runs(i)]:
         got = np.asarray(run(q, k, v, seg, impl), np.float32)
-        err = float(np.abs(got[real] - ref[real]).max())
-        print(f"attention head_dim {head_dim} slots {slots} {impl}: max abs error {err:.4f} against fp32 reference")
-        assert err < 0.03, (impl, err)
+        err, rel = float(np.abs(got[real] - ref[real]).max()), _error_to_scale(got, ref, packed.segment_ids)
+        print(f"attention head_dim {head_dim} slots {slots} {impl}: max abs error {err:.4f} against fp32 reference, "
+              f"{rel:.4f} of its segment's scale")  # fmt: skip
+        assert rel < SCALED_TOLERANCE, (impl, err, rel)
 
 
 @pytest.mark.parametrize("grids, slots", [([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 8), ([(1, 44, 80)], 1)])
@@ -232,12 +245,12 @@ def test_fa4_value_sums_agree(grids, slots):
     q, k, v = (jnp.asarray(rng.standard_normal((6144, 16, 72)), jnp.bfloat16) for _ in range(3))
     wide = attention.widen(v, columns)
     real = packed.segment_ids >= 0
-    ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)[real]
-    got = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4"), np.float32)[real]
+    ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)
+    got = np.asarray(jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4"), np.float32)
     assert got.shape[-1] == 72
-    err = float(np.abs(got - ref).max())
-    print(f"fa4 value sums, slots {slots}: max abs error {err:.4f} against fp32 reference")
-    assert err < 0.03
+    err, rel = float(np.abs(got[real] - ref[real]).max()), _error_to_scale(got, ref, packed.segment_ids)
+    print(f"fa4 value sums, slots {slots}: max abs error {err:.4f} against fp32 reference, {rel:.4f} of the scale")
+    assert rel < SCALED_TOLERANCE
     cu, used = attention.cu_seqlens(seg, 6144), seg.lengths
     lse = [
         np.asarray(flash_attn_varlen(q, k, x, cu, cu, seqused_q=used, seqused_k=used, return_lse=True)[1])
@@ -263,14 +276,15 @@ def test_fa4_calls_lowered_on_several_threads_keep_their_widths():
         wide = attention.widen(v, attention.value_columns("fa4", head_dim))
         got = jax.jit(attention.attention, static_argnums=4)(q, k, wide, seg, "fa4")
         ref = np.asarray(attention.attention(q, k, v, seg, "reference"), np.float32)
-        return got.shape[-1], float(np.abs(np.asarray(got, np.float32) - ref).max())
+        return got.shape[-1], _error_to_scale(np.asarray(got, np.float32), ref, packed.segment_ids)
 
     cases = [(head_dim, rows) for rows in (32, 48, 64) for head_dim in (72, 64)]
     with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
         results = list(pool.map(lambda case: one(*case), cases))
     for (head_dim, rows), (width, err) in zip(cases, results, strict=True):
-        print(f"fa4 lowered on a thread, head_dim {head_dim}, {32 * rows} tokens: width {width}, max abs err {err:.4f}")
-        assert width == head_dim and err < 0.03
+        print(f"fa4 lowered on a thread, head_dim {head_dim}, {32 * rows} tokens: width {width}, error {err:.4f} of "
+              "the scale")  # fmt: skip
+        assert width == head_dim and err < SCALED_TOLERANCE
 
 
 @pytest.mark.parametrize("widened", [False, True])
@@ -305,9 +319,10 @@ def test_fa4_fixed_shift_holds_or_falls_back(gap, widened, monkeypatch):
     lse = np.asarray(flash_attn_varlen(q, k, wide, cu, cu, seqused_q=used, seqused_k=used, return_lse=True, **kw)[1])
     poisoned = np.isnan(lse[:, real]).any(axis=0)
     assert (poisoned[:4800] == (gap > 64)).all() and not poisoned[4800:].any()
-    ref = np.asarray(attention.attention(ref_q, k[..., :72], v, seg, "reference"), np.float32)[real]
+    ref = np.asarray(attention.attention(ref_q, k[..., :72], v, seg, "reference"), np.float32)
     got = np.asarray(jax.jit(attention.attention, static_argnums=(4, 5))(q, k, wide, seg, "fa4", 72), np.float32)
     assert got.shape[-1] == 72
-    err = float(np.abs(got[real] - ref).max())
-    print(f"fa4 fixed shift, key past the first block by 2^{gap:.0f}, widened {widened}: max abs error {err:.4f}")
-    assert err < 0.03
+    err, rel = float(np.abs(got[real] - ref[real]).max()), _error_to_scale(got, ref, packed.segment_ids)
+    print(f"fa4 fixed shift, key past the first block by 2^{gap:.0f}, widened {widened}: max abs error {err:.4f}, "
+          f"{rel:.4f} of the scale")  # fmt: skip
+    assert rel < SCALED_TOLERANCE

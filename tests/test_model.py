@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import jax
@@ -290,14 +291,19 @@ def test_a_nan_image_leaves_the_others_in_its_call_exact(loaded):
 
 
 def test_bfloat16_close_to_hf(loaded):
-    """bf16 weights and activations stay near the fp32 oracle (norms, softmax, rotary in fp32)."""
+    """bf16 weights and activations stay near the fp32 oracle (norms, softmax, rotary in fp32): within 1.5x the
+    mean error of HF's own tower run in bf16."""
     cfg, hf, _, model = loaded
     x = pixels_for(GRIDS, cfg)
     ref = hf_outputs(hf, x, GRIDS)
     bf = vitjax.Encoder.from_params(cfg, nnx.to_pure_dict(nnx.state(model)), dtype="bfloat16")
     got = np.concatenate([np.asarray(o, np.float32) for o in bf.encode_patches(x, np.array(GRIDS))])
-    cos = (got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref)
-    assert bf.dtype == jnp.bfloat16 and cos > 0.999, cos
+    with torch.no_grad():
+        out = copy.deepcopy(hf).to(torch.bfloat16)(torch.from_numpy(x), grid_thw=torch.tensor(GRIDS))
+    hf_bf16 = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().numpy()
+    mae, hf_mae = float(np.abs(got - ref).mean()), float(np.abs(hf_bf16 - ref).mean())
+    print(f"bf16 mean abs error vs HF fp32: vitjax {mae:.3g}, HF's own {hf_mae:.3g}")
+    assert bf.dtype == jnp.bfloat16 and 0 < mae <= 1.5 * hf_mae, (mae, hf_mae)
 
 
 def test_bad_shapes_are_rejected(loaded):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -137,7 +138,8 @@ def test_non_float_tensor_is_named(tiny, tmp_path, dtype):
 def test_blocks_stored_in_several_dtypes_keep_each_value(tiny, tmp_path):
     """One block's tensor in bf16, the rest fp32: HF keeps every fp32 value; the stacked leaf used to take the
     first block's bf16 and round all the others (5.5e-4 off HF in fp32)."""
-    cfg, hf, _ = tiny
+    cfg, shared, _ = tiny
+    hf = copy.deepcopy(shared)  # the session's fixture stays the checkpoint's model for the other tests
     key = "model.visual.blocks.0.norm1.weight"
     path = _corrupt(tiny, tmp_path, lambda t: t.update({key: t[key].to(torch.bfloat16)}))
     x, got = _encode(vitjax.Encoder.from_pretrained(path, dtype="float32"), cfg)
