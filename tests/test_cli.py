@@ -72,7 +72,7 @@ def test_version_and_help(capsys):
         (["--batch-tokens", "0"], "--batch-tokens 0: must be at least 65536"),
         (["--fps", "0"], "--fps 0.0: must be a positive number of frames per second"),
         (["--fps", "1", "--num-frames", "4"], "--num-frames 4: excludes --fps 1.0; give one of them"),
-        (["--num-frames", "1000000000"], "--num-frames 1000000000: must be an integer from 1 to 768"),
+        (["--num-frames", "1"], "--num-frames 1: must be an integer from 2 (one temporal patch) to 768"),
         (["--video-max-pixels", "100"], "--video-max-pixels 100: must be from 1024 to --pixel-limit 16777216"),
         (["--sequence-parallel", "3"], "--devices 1 --sequence-parallel 3: sequence_parallel=3 does not divide"),
         (

@@ -225,12 +225,15 @@ def test_routing(tmp_path):
         # orientation: PIL does not turn it, DALI would. Both used to go to DALI with wrong pixels (cosine 0.89).
         "xmp": jpeg(photo, xmp=XMP_ORIENTATION_6),
         "byte": jpeg(photo, exif=BYTE_ORIENTATION_6),
+        # An EXIF block that is not TIFF: PIL (and HF) decode the image and ignore it; the routing used to raise.
+        "garbled-exif": jpeg(photo, exif=b"Exif\x00\x00" + bytes(range(7, 47))),
     }
     cfg = vitjax.VisionConfig.preset("qwen3-vl-2b")
     with Pipeline(cfg, min_pixels=MIN_PIXELS, max_pixels=SMALL, pixel_dtype=np.float32, dali=DaliRows(cfg)) as pipe:
         items = list(pipe.prepare(list(inputs.items())))
-    assert [item.decoder for item in items] == ["dali", "pil", "pil", "pil", "pil", "pil", "pil", "pil"]
+    assert [item.decoder for item in items] == ["dali", "pil", "pil", "pil", "pil", "pil", "pil", "pil", "pil"]
     assert items[6].grid[1] > items[6].grid[2] and items[7].grid[1] < items[7].grid[2]  # PIL's turn, and not
+    assert items[8].grid == items[3].grid  # the garbled EXIF's image, upright as the photo
     assert items[0].digest != items[3].digest  # DALI hashes the file, PIL the pixels: never the same cache entry
 
 
@@ -307,7 +310,8 @@ def test_cli_decoder_dali_writes_the_same_keys_metadata_and_features(tmp_path, c
         assert cli_main([*args, "--decoder", decoder]) == 0
         assert f"decoder {decoder}) to {out}" in capsys.readouterr().err
         with safe_open(out, "np") as f:
-            written[decoder] = ({k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["vitjax"]))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+            written[decoder] = (tensors, json.loads(f.metadata()["vitjax"]))
     (pil, meta_pil), (dali, meta_dali) = written["pil"], written["dali"]
     assert sorted(pil) == sorted(dali) and meta_pil.keys() == meta_dali.keys()
     for key in pil:  # each image's features under its own key, as close as the tower's outputs are

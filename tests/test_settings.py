@@ -40,8 +40,9 @@ def untouched():
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True or False"),
         ({"decoder": "nvjpeg"}, "decoder", "must be one of 'auto', 'pil', 'dali'"),
-        ({"num_frames": 0}, "num_frames", "must be an integer from 1 to 768 (HF's max_frames)"),
-        ({"num_frames": 10**9}, "num_frames", "must be an integer from 1 to 768"),
+        ({"num_frames": 0}, "num_frames", "must be an integer from 2 (one temporal patch) to 768 (HF's max_frames)"),
+        ({"num_frames": 1}, "num_frames", "must be an integer from 2 (one temporal patch)"),  # would fail every video
+        ({"num_frames": 10**9}, "num_frames", "must be an integer from 2 (one temporal patch) to 768"),
     ],
 )
 def test_bad_settings_are_refused_before_any_input_is_read(enc, settings, name, fragment):

@@ -164,8 +164,11 @@ class DaliDecoder:
         # DALI turns the image by the EXIF tag alone; PIL (and HF) also read XMP's, and ignore a tag of another type
         orientation = header.getexif().get(ExifTags.Base.Orientation, 1)
         exif = Image.Exif()
-        if "exif" in header.info:
-            exif.load(header.info["exif"])
+        try:
+            if "exif" in header.info:
+                exif.load(header.info["exif"])
+        except Exception:  # an EXIF block PIL decodes past but cannot parse (SyntaxError, struct.error): PIL decides
+            return None
         if not isinstance(orientation, int) or orientation != exif.get(ExifTags.Base.Orientation, 1):
             return None
         return (header.width, header.height) if orientation in (5, 6, 7, 8) else (header.height, header.width)

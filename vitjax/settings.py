@@ -83,8 +83,9 @@ class EncodeSettings:
             )
         if self.fps is not None and not _is_positive(self.fps):
             raise SettingError("fps", self.fps, "must be a positive number of frames per second")
-        if self.num_frames is not None and not (_is_int(self.num_frames) and 1 <= self.num_frames <= MAX_FRAMES):
-            accepted = f"must be an integer from 1 to {MAX_FRAMES} (HF's max_frames)"
+        frames = cfg.temporal_patch_size  # fewer make no video: HF refuses them too
+        if self.num_frames is not None and not (_is_int(self.num_frames) and frames <= self.num_frames <= MAX_FRAMES):
+            accepted = f"must be an integer from {frames} (one temporal patch) to {MAX_FRAMES} (HF's max_frames)"
             raise SettingError("num_frames", self.num_frames, accepted)
         if self.fps is not None and self.num_frames is not None:
             raise SettingError("num_frames", self.num_frames, f"excludes fps={self.fps}; give one of them")
