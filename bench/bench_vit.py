@@ -4,11 +4,12 @@ The HF tower is built from the 8B vision config with random init in bf16 on the 
 through `save_pretrained` and vitjax's own loader (`Encoder.from_pretrained`: `vitjax.weights` ->
 `Encoder.from_params`), so both run identical weights on identical random pixel rows. HF is timed on
 its tower forward alone (inputs already on the GPU, `torch.cuda.synchronize` around it); vitjax on the
-full `encode_patches` call (host layout, host-to-device copy, tower, device-to-host copy and split),
-and also on the device-only tower call (`Engine.run` on device-resident pixels) for a like-for-like
-number. Also measured: per-part times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket
-(empty persistent cache) and warm start (a second process reading that cache); with --profile, the device
-time of every op of the device-only call; with $HLO_DIR set, each bucket's optimized program is written there.
+full `encode_patches` call (host layout, host-to-device copy of the fp32 pixel rows, tower; the outputs stay
+on the GPU, as HF's do), and also on the device-only tower call (`Engine.run` on device-resident pixels, its
+host dispatch included as HF's is) for a like-for-like number: the table's "dev x HF". Also measured: per-part
+times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket (empty persistent cache) and warm start
+(a second process reading that cache); with --profile, the device time of every op of the device-only call; with
+$HLO_DIR set, each bucket's optimized program is written there.
 With --paths shipped,previous the vitjax runs repeat on an earlier code path (`PATHS`), for a comparison in one process.
 
     PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
@@ -419,6 +420,8 @@ def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray,
             "ms_all": [round(v * 1e3, 3) for v in times],
             "tflops": (gemm + attn) / t / 1e12,
             "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
+            "torch_cuda": torch.version.cuda,
+            "torch_cudnn": torch.backends.cudnn.version(),
         }
         if sustain and name in MAIN_NAMES:
             row["sustained"] = sustained(step, sustain, t)
@@ -682,13 +685,14 @@ def table(rows: list[dict]) -> str:
     hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
     lines = [
         f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>26}{'vitjax ms':>11}"
-        f"{'TF/s':>7}{'dev ms':>9}{'x HF':>7}"
+        f"{'TF/s':>7}{'dev ms':>9}{'x HF':>7}{'dev x HF':>9}"
     ]
     for r in rows:
         if r.get("impl") != "vitjax":
             continue
         h = hf.get(r["workload"], {})
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
+        dev_ratio = f"{r['ms_device_only'] / h['ms']:.3f}" if h and "ms_device_only" in r else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
         label = r.get("attention", "") + (f" <={r['max_call_tokens']}" if r.get("max_call_tokens") else "")
         label += f" t{r['tokens_ladder']}" if r.get("tokens_ladder") else ""
@@ -698,6 +702,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>26}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
+            f"{dev_ratio:>9}"
         )
     return "\n".join(lines)
 
@@ -807,7 +812,7 @@ def main() -> None:
     if args.smoke:
         cfg = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))
         policy = BucketPolicy(tokens=(64, 256, 1024, 2048), segments=(1, 4, 16, 64), granule=64)
-    meta = versions()
+    meta = {**versions(), "script": "bench_vit"}
     out_file = results_file(args.out, meta)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
