@@ -409,3 +409,18 @@ def test_a_bucket_needed_by_several_threads_at_once_compiles_once():
         np.testing.assert_array_equal(
             got, np.asarray(enc.encode_patches(pixels_for(grid, CFG, seed=1), np.array(grid))[0])
         )
+
+
+def test_default_warmup_compiles_what_encode_sends():
+    """A bf16 tower's `encode` sends bf16 pixel rows (PIL and videos): the default warm-up compiles those, so the
+    first request compiles nothing; float32 rows (`encode_patches` of HF's pixel_values) are another program."""
+    shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
+    params = jax.tree.map(lambda s: np.full(s.shape, 0.01, np.float32), shapes)
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=BucketPolicy(tokens=(64,), segments=(2,)))
+    enc.warmup(run=False)
+    assert enc.parallel.compiles == 1
+    image = np.random.default_rng(0).integers(0, 256, (64, 96, 3), np.uint8)
+    (out,) = enc.encode([image], min_pixels=32 * 32, max_pixels=64 * 96)
+    assert out.grid_thw == (1, 4, 6) and enc.parallel.compiles == 1
+    enc.warmup(pixel_dtype="float32", run=False)
+    assert enc.parallel.compiles == 2

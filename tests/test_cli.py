@@ -81,6 +81,11 @@ def test_version_and_help(capsys):
         ),
         (["--fit-granule", "6"], "--fit-granule 6: must be 0 (off) or a multiple of 4"),
         (["--fit-granule", "-4"], "--fit-granule -4: must be 0 (off) or a multiple of 4"),
+        (["--batch-tokens", str(10**12)], f"--batch-tokens {10**12}: a call of {10**12} patches needs 2861022.9 GiB"),
+        (  # one image as large as these allow sets the call's size
+            ["--pixel-limit", str(2**40), "--max-pixels", str(2**40)],
+            f"--max-pixels {2**40}: a call of {2**32} patches needs 12288.0 GiB of pixel rows, more than this machine",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_before_the_model(config_only, tmp_path, capsys, options, message):
@@ -129,6 +134,34 @@ def test_output_that_is_an_input_is_refused(config_only, tmp_path, capsys):
         assert code == 2 and not stdout
         assert one_error_line(err) == f"vitjax: error: -o {photo}: is the input {photo}; write the output elsewhere"
     assert photo.read_bytes() == PHOTOS[0].read_bytes() and [p.name for p in tmp_path.iterdir()] == ["photos"]
+
+
+def test_output_that_is_the_files_list_or_a_model_file_is_refused(config_only, tmp_path, capsys):
+    """The weights are in memory by the time the output is renamed into place: it must not replace one of their
+    files, nor the --files-from list."""
+    model = tmp_path / "model"
+    shutil.copytree(config_only, model)
+    listed = tmp_path / "list.txt"
+    listed.write_text(f"{PHOTOS[0]}\n")
+    for output, what in ((model / "config.json", f"a file of --model {model}"), (listed, f"--files-from {listed}")):
+        code, stdout, err = run(capsys, "--files-from", str(listed), "--model", str(model), "-o", str(output))
+        assert code == 2 and not stdout
+        assert one_error_line(err) == f"vitjax: error: -o {output}: is {what}; write the output elsewhere"
+    assert (
+        listed.read_text() == f"{PHOTOS[0]}\n"
+        and (model / "config.json").read_bytes() == (config_only / "config.json").read_bytes()
+    )
+
+
+def test_videos_without_pyav_are_refused_before_the_model(config_only, tmp_path, capsys, monkeypatch):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"not decoded: the check comes first")
+    monkeypatch.setitem(sys.modules, "av", None)  # what an install without the [video] extra looks like to Python
+    out = tmp_path / "out.safetensors"
+    code, stdout, err = run(capsys, str(PHOTOS[0]), str(clip), "--model", str(config_only), "-o", str(out))
+    assert code == 2 and not stdout
+    assert one_error_line(err) == "vitjax: error: video inputs need PyAV to decode them: pip install 'vitjax[video]'"
+    assert not out.exists()
 
 
 def test_output_naming_a_folder_or_a_special_file_is_refused(config_only, tmp_path, capsys):
@@ -392,3 +425,16 @@ def test_an_interrupt_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_encode", interrupted)
     assert cli_main(["encode", "x.jpg", "--random-init", "qwen3-vl-2b", "-o", "out.safetensors"]) == 130
     assert capsys.readouterr().err == "vitjax: interrupted\n"
+
+
+def test_a_failure_of_the_run_itself_is_status_3_with_its_traceback(monkeypatch, capsys):
+    """Out of memory (or a defect) is not an input's fault: not status 1, which names failed inputs."""
+
+    def out_of_memory(args):
+        raise MemoryError("Unable to allocate 114. GiB")
+
+    monkeypatch.setattr(cli, "_encode", out_of_memory)
+    assert cli_main(["encode", "x.jpg", "--random-init", "qwen3-vl-2b", "-o", "out.safetensors"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "MemoryError: Unable to allocate 114. GiB" in err
+    assert err.endswith("vitjax: error: the run failed (above); nothing was written\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import io
 import json
@@ -14,7 +15,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import MAX_PIXELS, PHOTOS, make_hf
+from conftest import MAX_PIXELS, PHOTOS, TINY, make_hf
 from PIL import Image
 from safetensors import safe_open
 from safetensors.numpy import load_file
@@ -25,6 +26,7 @@ from vitjax.cli import main as cli_main
 from vitjax.images import ImageInputError
 from vitjax.pipeline import Item, Pipeline
 from vitjax.preprocess import MIN_PIXELS
+from vitjax.weights import CheckpointError
 
 
 @pytest.fixture()
@@ -322,3 +324,29 @@ def test_cli_random_init_says_so(tmp_path, capsys):
     assert code == 0 and "RANDOM weights" in capsys.readouterr().err
     tensors = load_file(out)
     assert tensors["0.embeds"].shape == (64, 2048) and tensors["0.deepstack"].shape == (3, 64, 2048)
+
+
+def test_a_dtype_no_tower_runs_in_is_named_before_any_weight(tmp_path):
+    """A misspelt or non-float dtype: a ValueError naming `dtype`, before a checkpoint is read or weights drawn."""
+    for dtype in ("bfloat61", "int8", "float64", None):
+        refused = rf"^dtype={dtype!r}: the tower runs in one of bfloat16, float16, float32$"
+        with pytest.raises(ValueError, match=refused):
+            vitjax.Encoder.from_pretrained(tmp_path / "nothing here", dtype=dtype)
+        with pytest.raises(ValueError, match=refused):
+            vitjax.Encoder.random(TINY["hd64"], dtype=dtype)
+        with pytest.raises(ValueError, match=refused):
+            vitjax.Encoder.from_params(TINY["hd64"], {}, dtype=dtype)
+    assert vitjax.Encoder.random(TINY["hd64"], dtype=np.float16).dtype == np.float16
+
+
+def test_from_params_holds_the_weights_to_the_config():
+    """As loading and `set_params` do: weights of another config, or with a leaf missing, are refused up front
+    (else `embeds` would take deepstack columns, or the first encode would fail deep in tracing)."""
+    cfg = TINY["hd64"]
+    params = vitjax.Encoder.random(cfg, dtype="float32").params()
+    wider = dataclasses.replace(cfg, out_hidden_size=cfg.out_hidden_size + 8)
+    with pytest.raises(CheckpointError, match=r"^from_params: parameter deepstack_merger_list/linear_fc2/bias has"):
+        vitjax.Encoder.from_params(wider, params, dtype="float32")
+    del params["blocks"]["attn"]["proj"]["bias"]
+    with pytest.raises(CheckpointError, match=r"^from_params: 1 parameters missing: blocks/attn/proj/bias$"):
+        vitjax.Encoder.from_params(cfg, params, dtype="float32")

@@ -288,6 +288,8 @@ def test_video_settings_are_checked():
         ({"fps": float("inf")}, "fps must be a positive finite number, got inf"),
         ({"fps": 2, "video_fps": float("nan")}, "video_fps must be a positive finite number, got nan"),
         ({"num_frames": 2.5}, "num_frames must be a whole number, got 2.5"),
+        ({"num_frames": True}, "num_frames must be a positive finite number, got True"),
+        ({"fps": "2"}, "fps must be a positive finite number, got '2'"),
         ({"fps": 2, "num_frames": 4}, "fps and num_frames exclude each other"),
     ]:
         with pytest.raises(ValueError, match=reason):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -152,9 +154,14 @@ def test_unreadable_index_is_named(tmp_path, capsys):
     cfg = TINY["hd64"]
     hf_vision_model(cfg).save_pretrained(tmp_path, max_shard_size="100KB")
     index = tmp_path / weights.INDEX_FILE
-    for damaged in ('{"weight_map": null}', '{"weight_map": {"model.visual.x": 3}}'):
+    for damaged in (
+        '{"weight_map": null}',
+        '{"weight_map": {"model.visual.x": 3}}',
+        '{"metadata": {}}',  # no weight_map: it is not "no vision tensors"
+        '{"weight_map": {}}',
+    ):
         index.write_text(damaged)
-        with pytest.raises(weights.CheckpointError, match=rf"^{index}: not a readable index \(weight_map must map"):
+        with pytest.raises(weights.CheckpointError, match=rf"^{index}: not a readable index \(its weight_map must map"):
             vitjax.Encoder.from_pretrained(tmp_path)
     index.write_text("{not json")
     with pytest.raises(weights.CheckpointError, match=rf"^{index}: not a readable index \(Expecting property"):
@@ -253,6 +260,30 @@ def test_convert_writes_whole_or_nothing_and_refuses_what_it_cannot_use(full_mod
         assert cli_main(["convert", str(path), str(tmp_path / "out"), "--quiet"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out", "qwen2"]
     assert vitjax.Encoder.from_pretrained(tmp_path / "out").cfg == cfg
+    (tmp_path / "link").symlink_to("out")  # a link to an earlier conversion: its target is replaced, the link stays
+    before = (tmp_path / "out" / "config.json").stat().st_ino
+    assert cli_main(["convert", str(path), str(tmp_path / "link"), "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "other", "out", "qwen2"]
+    assert os.readlink(tmp_path / "link") == "out" and (tmp_path / "out" / "config.json").stat().st_ino != before
+    assert vitjax.Encoder.from_pretrained(tmp_path / "link").cfg == cfg
+
+
+def test_sigterm_leaves_no_partial_conversion(full_model, tmp_path, capsys, monkeypatch):
+    """A real SIGTERM while the conversion is written: the staging folder goes, as for Ctrl-C; status 143."""
+    path = full_model[2]
+    real_save = weights.save_orbax
+
+    def terminated_while_saving(out_dir, *args):
+        real_save(out_dir, *args)
+        assert any(Path(out_dir).iterdir())  # something half-written is there to clean up
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises long before this ends
+
+    monkeypatch.setattr(weights, "save_orbax", terminated_while_saving)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert cli_main(["convert", str(path), str(tmp_path / "out"), "--quiet"]) == 143
+    assert capsys.readouterr().err == "vitjax: terminated\n"
+    assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) == previous
 
 
 def test_converted_checkpoint_is_held_to_its_config(full_model, tmp_path):

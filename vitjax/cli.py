@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +24,7 @@ from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
-from vitjax.video import FPS
+from vitjax.video import FPS, is_video_path
 
 EPILOG = """examples:
   vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
@@ -33,7 +37,9 @@ EXIT_CODES = """exit status:
   0  every input was encoded and written
   1  some inputs failed (each is named on stderr; the others are written), or the output could not be written
   2  usage: a bad option or setting, an unknown preset, an unreadable --model, an output folder that is not
-     writable; nothing is encoded"""
+     writable; nothing is encoded
+  3  the run itself failed (out of memory, a defect: the traceback is on stderr); nothing was written
+  130, 143  interrupted (Ctrl-C) or terminated (SIGTERM); nothing half-written is left"""
 
 
 # Of the probe and temporary files beside the output: fixed and short, as one built from the output's name would pass
@@ -43,6 +49,15 @@ TEMP_PREFIX = ".vitjax-"
 
 class UsageError(Exception):
     """A problem with the command line itself, found before any work: one line on stderr, exit status 2."""
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler, `timeout`, `docker stop`), raised where the program is so that the cleanup of
+    partial outputs runs as for Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def _device_count(text: str) -> int | str:
@@ -141,19 +156,31 @@ def _check_output(output: str) -> Path:
     return out
 
 
-def _check_not_an_input(output: str, out: Path, items: list[tuple[str, object]]) -> None:
-    """Refuse an output that is one of the inputs (a folder's files included): the rename would replace it."""
+def _check_not_an_input(args: argparse.Namespace, out: Path, items: list[tuple[str, object]]) -> None:
+    """Refuse an output that is one of the inputs (a folder's files included), the --files-from list or a file
+    of --model: the rename would replace it."""
     try:
         written = out.stat()
     except OSError:  # no file yet: it is none of the inputs
         return
-    for name, source in items:
+    named = [(f"the input {name}", source) for name, source in items]
+    if args.files_from not in (None, "-"):
+        named.append((f"--files-from {args.files_from}", args.files_from))
+    if args.model:
+        named += [(f"a file of --model {args.model}", p) for p in Path(args.model).rglob("*") if p.is_file()]
+    for what, source in named:
         try:
             same = isinstance(source, (str, os.PathLike)) and os.path.samestat(os.stat(source), written)
         except (OSError, ValueError):  # missing or no path: reported as an input error
             continue
         if same:
-            raise UsageError(f"-o {output}: is the input {name}; write the output elsewhere")
+            raise UsageError(f"-o {args.output}: is {what}; write the output elsewhere")
+
+
+def _check_video_decoder(items: list[tuple[str, object]]) -> None:
+    """Video files need PyAV: without it, say so before the model is built rather than fail each video."""
+    if any(is_video_path(source) for _, source in items) and importlib.util.find_spec("av") is None:
+        raise UsageError("video inputs need PyAV to decode them: pip install 'vitjax[video]'")
 
 
 def _write_atomic(out: Path, tensors: dict, metadata: dict[str, str]) -> None:
@@ -208,7 +235,8 @@ def _encode(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--devices {args.devices} --sequence-parallel {args.sequence_parallel}: {e}") from e
     items = expand_inputs(inputs)
-    _check_not_an_input(args.output, out, items)
+    _check_not_an_input(args, out, items)
+    _check_video_decoder(items)
     missing = {i: e for i, (name, source) in enumerate(items) if (e := path_error(name, source)) is not None}
     for error in missing.values():
         print(f"vitjax: error: {error}", file=sys.stderr)
@@ -235,7 +263,9 @@ def _encode(args: argparse.Namespace) -> int:
         from safetensors import SafetensorError
 
         meta = {
-            "model": args.model or f"random-init:{args.random_init}:seed={args.seed}",
+            "model": str(Path(args.model).resolve())
+            if args.model
+            else f"random-init:{args.random_init}:seed={args.seed}",
             "dtype": args.dtype,
             "vitjax_version": vitjax.__version__,
             "images": images,
@@ -459,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (argparse's own errors and --help/--version included)."""
+    # A signal handler can only be set from the main thread; elsewhere SIGTERM keeps its default.
+    handler = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if handler else None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -470,6 +503,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # outputs are written whole or not at all (no traceback to show)
         print("vitjax: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("vitjax: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except Exception:  # not an input's fault, so not status 1: the machine's (memory) or ours
+        traceback.print_exc()
+        print("vitjax: error: the run failed (above); nothing was written", file=sys.stderr)
+        return 3
+    finally:
+        if handler:  # None: a handler not set from Python, which cannot be put back; the default then
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 from pathlib import Path
 from typing import Any
+
+from vitjax.checks import is_int, is_positive
 
 # Model types whose config.json carries a Qwen3-VL vision tower.
 _QWEN3_VL_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_vl_vision", "qwen3_vl_moe_vision")
@@ -15,11 +16,6 @@ _QWEN3_VL_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_vl_vision", "qwen3_vl_moe_
 _REQUIRED = ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "deepstack_visual_indexes")
 # Every field but these is a count or a size: a positive integer (a string, a float or 0 would fail deep inside).
 _NOT_COUNTS = ("deepstack_visual_indexes", "hidden_act", "rope_theta")
-
-
-def _is_int(value: object) -> bool:
-    """An integer as JSON or numpy gives one; True and False are not."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +39,10 @@ class VisionConfig:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name not in _NOT_COUNTS and not (_is_int(value) and value >= 1):
+            if field.name not in _NOT_COUNTS and not (is_int(value) and value >= 1):
                 raise ValueError(f"{field.name} must be a positive integer, got {value!r}")
         taps = self.deepstack_visual_indexes
-        if not isinstance(taps, (list, tuple)) or not all(_is_int(i) for i in taps):
+        if not isinstance(taps, (list, tuple)) or not all(is_int(i) for i in taps):
             raise ValueError(f"deepstack_visual_indexes must be a list of block numbers, got {taps!r}")
         object.__setattr__(self, "deepstack_visual_indexes", tuple(int(i) for i in self.deepstack_visual_indexes))
         if self.hidden_size % self.num_heads:
@@ -141,7 +137,7 @@ class VisionConfig:
         if rope.get("rope_type", "axial") != "axial":
             raise ValueError(f"rope_type {rope['rope_type']!r} is not supported (Qwen3-VL uses 'axial')")
         theta = rope.get("rope_theta", vision.get("rope_theta", 10000.0))
-        if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and 0 < theta < math.inf):
+        if not is_positive(theta):
             raise ValueError(f"rope_theta must be a positive number, got {theta!r}")
         names = {f.name for f in dataclasses.fields(cls)} - {"rope_theta"}
         return cls(**{k: vision[k] for k in names if k in vision}, rope_theta=float(theta))

@@ -30,6 +30,9 @@ from vitjax.pipeline import DECODERS, Batch, Item, Pipeline
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import PIXEL_LIMIT, EncodeSettings
 
+# The tower's compute dtypes: float16 as SGLang serves it too; float64 and integers are no tower's.
+DTYPES = ("bfloat16", "float16", "float32")
+
 
 def abstract_tower(cfg: VisionConfig, dtype: jnp.dtype) -> VisionTower:
     """The tower with shapes only (no memory, no compute): for parameter counts and weight loading."""
@@ -47,7 +50,8 @@ class Encoded:
 
     name: str
     grid_thw: tuple[int, int, int]
-    sha256: str  # of the decoded RGB pixels (decoder "pil"), or of the encoded file (decoder "dali", "video")
+    sha256: str  # the cache's content key: of the decoded pixels with their size (decoder "pil"), of the encoded
+    # file (decoder "dali", a video file), or of the sampled frames (a video given as an array or frames)
     features: jax.Array  # [tokens, out_hidden * (1 + k)]: [merger | deepstack_0 | ... | deepstack_k-1]
     out_hidden: int
     decoder: str = "pil"  # the backend that made the pixels: "pil" (HF-exact), "dali" or "video" (HF-exact)
@@ -62,6 +66,17 @@ class Encoded:
         """[k, tokens, out_hidden]: deepstack merger j's output at [j]."""
         tokens = self.features.shape[0]
         return self.features[:, self.out_hidden :].reshape(tokens, -1, self.out_hidden).transpose(1, 0, 2)
+
+
+def tower_dtype(dtype: object) -> np.dtype:
+    """The tower's dtype from its name or type, checked before any weight is read: one of `DTYPES`."""
+    try:
+        checked = jnp.dtype(dtype)
+    except TypeError:
+        checked = None
+    if checked is None or checked.name not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: the tower runs in one of {', '.join(DTYPES)}")
+    return checked
 
 
 class Encoder:
@@ -89,6 +104,8 @@ class Encoder:
     ):
         self.cfg = cfg
         self.dtype = model.dtype
+        # A bf16 tower rounds its pixels to bf16 first: `encode` does it on the host and moves half the bytes.
+        self._row_dtype = np.dtype(self.dtype if self.dtype == jnp.bfloat16 else np.float32)
         picked = pick_devices(devices)
         # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's. The
         # flash paths take 16-bit towers only: a float32 one runs XLA's.
@@ -111,8 +128,9 @@ class Encoder:
     @classmethod
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
         """Build from a nested parameter dict (as `weights.load_hf` returns), cast to `dtype`."""
-        dtype = jnp.dtype(dtype)
+        dtype = tower_dtype(dtype)
         named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any copy
+        weights.check_params(params, cfg, "from_params")
         model = abstract_tower(cfg, dtype)
         state = nnx.state(model)
         first = pick_devices(kw.get("devices"))[0]  # built there: a GPU the encoder does not use gets nothing
@@ -141,6 +159,7 @@ class Encoder:
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "bfloat16", progress: bool = False, **kw) -> Encoder:
         """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""
+        dtype = tower_dtype(dtype)
         named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
@@ -153,9 +172,10 @@ class Encoder:
     def random(cls, cfg: VisionConfig | str, seed: int = 0, dtype: str = "bfloat16", **kw) -> Encoder:
         """Random weights (smoke runs and benchmarks); `cfg` may be a preset name."""
         cfg = VisionConfig.preset(cfg) if isinstance(cfg, str) else cfg
+        dtype = tower_dtype(dtype)
         named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any draw
         kw.setdefault("model_id", f"random:{seed}:{cfg}")
-        return cls(cfg, VisionTower(cfg, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed)), **kw)
+        return cls(cfg, VisionTower(cfg, dtype=dtype, rngs=nnx.Rngs(seed)), **kw)
 
     @property
     def num_params(self) -> int:
@@ -166,11 +186,21 @@ class Encoder:
         return layout.check_patches(pixel_values.shape, grid_thw, self.cfg.patch_dim, self.cfg.spatial_merge_size)
 
     def warmup(
-        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str = "float32", run: bool = True
+        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str | None = None, run: bool = True
     ) -> dict[Bucket, float]:
         """Compile the bucket executables now (default: every bucket of the policy) or load them from the
-        persistent compilation cache, and run each once; returns seconds per bucket."""
-        return self.parallel.warmup(buckets, np.dtype(pixel_dtype), run)
+        persistent compilation cache, and run each once; returns seconds per bucket. Executables are per pixel
+        dtype: by default those `encode` sends are compiled (its host rows', bfloat16 for a bf16 tower, and
+        float32 as well where its default decoder is DALI); `encode_patches` callers name theirs."""
+        if pixel_dtype is not None:
+            dtypes = {np.dtype(pixel_dtype)}
+        else:
+            dtypes = {self._row_dtype} | ({np.dtype(np.float32)} if self.resolve_decoder() == "dali" else set())
+        times: dict[Bucket, float] = {}
+        for dtype in dtypes:
+            for bucket, seconds in self.parallel.warmup(buckets, dtype, run).items():
+                times[bucket] = times.get(bucket, 0.0) + seconds
+        return times
 
     def run_packed(self, pixel_values: jax.Array | np.ndarray, packed: layout.Packed) -> jax.Array:
         """One unbucketed tower call on an already packed sequence (compiled per shape): `[T/4, output_width]`."""
@@ -238,9 +268,7 @@ class Encoder:
         settings = checked.checked(self.cfg)
         rows = self._dali_rows() if self.resolve_decoder(decoder) == "dali" else None
         items = expand_inputs(images)
-        # A bf16 tower rounds its pixels to bf16 first: do it on the host and move half the bytes.
-        pixel_dtype = self.dtype if self.dtype == jnp.bfloat16 else np.float32
-        options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": pixel_dtype, "dali": rows}
+        options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": self._row_dtype, "dali": rows}
         options.update(video, **sampling)
         budget = settings.batch_tokens * len(self.parallel.engines)
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error

@@ -7,9 +7,10 @@ work is spent: settings are not per-input problems, so `errors="return"` does no
 from __future__ import annotations
 
 import math
-import numbers
+import os
 from dataclasses import dataclass, replace
 
+from vitjax.checks import is_int, is_positive
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
@@ -58,7 +59,7 @@ class EncodeSettings:
         window = (cfg.patch_size * cfg.spatial_merge_size) ** 2  # the smallest image: one merge window
         for name in ("min_pixels", "max_pixels", "pixel_limit", "batch_tokens", "video_min_pixels", "video_max_pixels"):
             value = getattr(self, name)
-            if not (value is None and name == "batch_tokens") and not _is_int(value):
+            if not (value is None and name == "batch_tokens") and not is_int(value):
                 raise SettingError(name, value, "must be an integer")
         if self.pixel_limit < window:
             raise SettingError("pixel_limit", self.pixel_limit, f"must be at least {window} (one merge window)")
@@ -81,10 +82,10 @@ class EncodeSettings:
                 self.video_min_pixels,
                 f"must be from 1 to video_max_pixels={self.video_max_pixels}",
             )
-        if self.fps is not None and not _is_positive(self.fps):
+        if self.fps is not None and not is_positive(self.fps):
             raise SettingError("fps", self.fps, "must be a positive number of frames per second")
         frames = cfg.temporal_patch_size  # fewer make no video: HF refuses them too
-        if self.num_frames is not None and not (_is_int(self.num_frames) and frames <= self.num_frames <= MAX_FRAMES):
+        if self.num_frames is not None and not (is_int(self.num_frames) and frames <= self.num_frames <= MAX_FRAMES):
             accepted = f"must be an integer from {frames} (one temporal patch) to {MAX_FRAMES} (HF's max_frames)"
             raise SettingError("num_frames", self.num_frames, accepted)
         if self.fps is not None and self.num_frames is not None:
@@ -103,13 +104,23 @@ class EncodeSettings:
             raise SettingError("decoder", self.decoder, f"must be one of {', '.join(map(repr, DECODERS))}")
         if not isinstance(self.progress, bool):
             raise SettingError("progress", self.progress, "must be True or False")
-        return self if self.batch_tokens is not None else replace(self, batch_tokens=max(BATCH_TOKENS, largest))
+        batch_tokens = max(BATCH_TOKENS, largest) if self.batch_tokens is None else self.batch_tokens
+        rows, memory = batch_tokens * cfg.patch_dim * 2, _host_memory()  # a call's pixel rows, bfloat16 at least
+        if rows > memory:
+            named = self.batch_tokens is not None  # else max_pixels set the call's size
+            setting, value = ("batch_tokens", self.batch_tokens) if named else ("max_pixels", self.max_pixels)
+            raise SettingError(
+                setting,
+                value,
+                f"a call of {batch_tokens} patches needs {rows / 2**30:.1f} GiB of pixel rows, more than this "
+                f"machine's {memory / 2**30:.1f} GiB of memory",
+            )
+        return replace(self, batch_tokens=batch_tokens)
 
 
-def _is_positive(value: object) -> bool:
-    """A finite number above zero (not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def _host_memory() -> float:
+    """The machine's physical memory in bytes (unbounded where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return math.inf

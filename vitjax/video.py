@@ -12,7 +12,6 @@ PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only wh
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitjax.checks import is_int, is_positive
 from vitjax.images import (
     VIDEO_EXTENSIONS,
     ImageInputError,
@@ -59,9 +59,9 @@ class Video:
         if self.fps is not None and self.num_frames is not None:
             raise ValueError("Video: fps and num_frames exclude each other; give one")
         for field, value in (("fps", self.fps), ("num_frames", self.num_frames), ("video_fps", self.video_fps)):
-            if value is not None and not 0 < value < math.inf:
+            if value is not None and not is_positive(value):
                 raise ValueError(f"Video: {field} must be a positive finite number, got {value!r}")
-        if self.num_frames is not None and int(self.num_frames) != self.num_frames:
+        if self.num_frames is not None and not is_int(self.num_frames):
             raise ValueError(f"Video: num_frames must be a whole number, got {self.num_frames!r}")
         if self.video_fps is not None and self.is_file:
             raise ValueError("Video: video_fps is for arrays and frame lists; a file's frame rate is read from it")

@@ -119,11 +119,15 @@ def _checkpoint_files(path: Path) -> list[Path]:
     index = path / INDEX_FILE
     if index.is_file():
         try:
-            weight_map_ = json.loads(index.read_text()).get("weight_map", {})
+            weight_map_ = json.loads(index.read_text()).get("weight_map")
         except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
             raise CheckpointError(f"{index}: not a readable index ({e})") from None
-        if not isinstance(weight_map_, dict) or not all(isinstance(f, str) for f in weight_map_.values()):
-            raise CheckpointError(f"{index}: not a readable index (weight_map must map tensor names to file names)")
+        if (
+            not isinstance(weight_map_, dict)
+            or not weight_map_
+            or not all(isinstance(f, str) for f in weight_map_.values())
+        ):
+            raise CheckpointError(f"{index}: not a readable index (its weight_map must map tensor names to file names)")
         # A vision-only checkpoint has bare names: then every shard is the tower's.
         names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)} or set(weight_map_.values()))
         missing = [n for n in names if not (path / n).is_file()]
@@ -337,6 +341,8 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     """HF directory -> converted orbax directory (the vision tower only), written whole or not at all: into a
     new folder beside `out_dir`, renamed into place once complete (replacing an earlier conversion there)."""
     source, out = Path(hf_dir).absolute(), Path(out_dir).absolute()
+    if out.is_symlink():  # the conversion replaces the link's target, and the link stays
+        out = out.resolve()
     if not source.is_dir():
         raise CheckpointError(f"{source}: not a folder (an HF checkpoint is one: config.json and *.safetensors)")
     if out.resolve() == source.resolve():
