@@ -56,6 +56,12 @@ def main() -> None:
     parser.add_argument("--devices", default="1", help="comma-separated device counts for vitjax (data parallel)")
     parser.add_argument("--decoders", default="auto", help="comma-separated vitjax decoders: auto, pil, dali")
     parser.add_argument(
+        "--batch-tokens",
+        default="98304,65536,24576",
+        help="comma-separated patches per call for vitjax end to end (98304: the 20 photos in one call; 65536: the "
+        "default; 24576: calls of ~5 photos, the default until 2026-11-26 where max_pixels allowed it)",
+    )
+    parser.add_argument(
         "--switch-intervals",
         help="vitjax end to end under each of these Python switch intervals (ms, comma-separated; default: the "
         "interpreter's): how long a thread that let go of Python's lock may wait to get it back",
@@ -135,20 +141,18 @@ def main() -> None:
             "threads": workers,
         }
     )
-    # One call for all 20 (98,304 tokens) and four smaller ones, whose preprocessing overlaps the device
-    # (tokens per device: with several devices each call is split over them).
+    # Calls of each --batch-tokens (tokens per device: with several devices each call is split over them).
     for devices in (int(n) for n in args.devices.split(",")):
         enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0, devices=devices)
         intervals = [float(v) for v in args.switch_intervals.split(",")] if args.switch_intervals else [None]
-        runs = [(d, b, i) for d in args.decoders.split(",") for b in (98304, 24576) for i in intervals]
+        sizes = [int(b) for b in args.batch_tokens.split(",")]
+        runs = [(d, b, i) for d in args.decoders.split(",") for b in sizes for i in intervals]
         default_interval = sys.getswitchinterval()
         for decoder, batch_tokens, interval in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
-                # max_pixels at the photos' own size (they are not resized either way) lets batch_tokens go below
-                # the 65,536 patches of the default 16.7 MP bound (vitjax.settings).
-                out = enc.encode(data, max_pixels=960 * 1280, batch_tokens=batch_tokens, decoder=decoder)
+                out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
                 jax.block_until_ready([o.features for o in out])
 
             t, times = median_time(vj_end_to_end, 5)

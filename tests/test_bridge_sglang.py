@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,18 @@ AFTER_UPDATE = [
 ]
 
 
+# Pixel rows given directly (SGLang's processor_output format) that do not fit their grid or their prompt, then rows
+# that do: sent to the bridge's engine after the others (in stock SGLang 0.5.23 each of the three takes the whole
+# server down from inside the scheduler). The last one's grid, 4x4 patches, is no other request's.
+FOUR_PADS = "<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>x<|im_end|>\n"
+BAD_ROWS = [
+    {"prompt": FOUR_PADS, "processor_output": [12, [1, 4, 4]]},
+    {"prompt": FOUR_PADS, "processor_output": [12, [1, 3, 4]]},
+    {"prompt": user_prompt(1, "x"), "processor_output": [16, [1, 4, 4]]},
+    {"prompt": FOUR_PADS, "processor_output": [16, [1, 4, 4]]},
+]
+
+
 def video_prompt(text: str) -> str:
     return f"<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>{text}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -93,14 +106,26 @@ def dense(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(dense, tmp_path_factory):
-    """Stock SGLang and the bridge on the same requests (images, and a video where SGLang can decode one)."""
+    """Stock SGLang and the bridge on the same requests (images, and a video where SGLang can decode one), the two
+    engines side by side; the bridge's then gets `BAD_ROWS`. Returns (answers, tower calls) of stock, of the bridge
+    on the same requests, and of the bridge on `BAD_ROWS`."""
     tmp = tmp_path_factory.mktemp("engines")
     requests = REQUESTS + AFTER_UPDATE
     if sglang_decodes_video():
         clip = write_clip(tmp / "clip.mp4")
         requests.append({"prompt": video_prompt("What happens?"), "videos": [str(clip)]})
-    stock = run_engine(tmp, "stock", "torch", dense, requests)
-    return stock, run_engine(tmp, "jax", "jax", dense, requests)
+    stock, (got, calls) = side_by_side(
+        (tmp, "stock", "torch", dense, requests), (tmp, "jax", "jax", dense, requests + BAD_ROWS)
+    )
+    rows = [c for c in calls if c["grid_thw"] == [[1, 4, 4]]]
+    n = len(requests)
+    return stock, (got[:n], [c for c in calls if c not in rows]), (got[n:], rows)
+
+
+def side_by_side(*runs: tuple) -> list[tuple]:
+    """`run_engine` on each argument tuple, the engines at the same time (each is mostly one busy process)."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return [f.result() for f in [pool.submit(run_engine, *args) for args in runs]]
 
 
 def engine_process(
@@ -147,7 +172,7 @@ def assert_same_answers(got: list[dict], ref: list[dict]) -> None:
 
 
 def test_engine_with_bridge_equals_stock_sglang_on_images(runs):
-    (stock, stock_calls), (got, calls) = runs
+    (stock, stock_calls), (got, calls), _ = runs
     assert stock_calls == []  # SGLang's own tower: the bridge never ran
     n = len(REQUESTS)
     assert_same_answers(got[:n], stock[:n])
@@ -163,7 +188,7 @@ def test_engine_with_bridge_equals_stock_sglang_on_images(runs):
 
 
 def test_weight_updates_keep_the_jax_tower(runs):
-    (stock, _), (got, calls) = runs
+    (stock, _), (got, calls), _ = runs
     n = len(REQUESTS)
     for i in (n, n + 1, n + 2):
         assert got[i] == stock[i] == {"update": [[True, "Success"]] * 3}, (got[i], stock[i])
@@ -175,7 +200,7 @@ def test_weight_updates_keep_the_jax_tower(runs):
 
 @pytest.mark.skipif(not sglang_decodes_video(), reason="SGLang's torchcodec needs FFmpeg's libraries (apt: ffmpeg)")
 def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
-    (stock, _), (got, calls) = runs
+    (stock, _), (got, calls), _ = runs
     n = len(REQUESTS) + len(AFTER_UPDATE)
     assert_same_answers(got[n:], stock[n:])
     videos = [g for c in calls for g in c["grid_thw"] if g[0] > 1]
@@ -185,32 +210,24 @@ def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
 def test_moe_engine_with_bridge_equals_stock_sglang(tmp_path):
     moe = build(tmp_path / "moe", TINY["hd64"], moe=True, seed=2)
     requests = REQUESTS[:2]
-    stock, _ = run_engine(tmp_path, "stock", "torch", moe, requests)
-    got, calls = run_engine(tmp_path, "jax", "jax", moe, requests)
+    (stock, _), (got, calls) = side_by_side(
+        (tmp_path, "stock", "torch", moe, requests), (tmp_path, "jax", "jax", moe, requests)
+    )
     assert_same_answers(got, stock)
     assert sum(len(c["grid_thw"]) for c in calls) == 3
 
 
-def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(dense, tmp_path):
-    """Pixel rows given directly (SGLang's processor_output format) that do not fit their grid or their prompt
-    are refused in the tokenizer process with vitjax's message; the engine serves the next request. (In stock
-    SGLang 0.5.23 each of these takes the whole server down from inside the scheduler.)"""
-    four_pads = "<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>x<|im_end|>\n"
-    requests = [
-        {"prompt": four_pads, "processor_output": [12, [1, 4, 4]]},
-        {"prompt": four_pads, "processor_output": [12, [1, 3, 4]]},
-        {"prompt": user_prompt(1, "x"), "processor_output": [16, [1, 4, 4]]},
-        REQUESTS[0],
-        {"prompt": four_pads, "processor_output": [16, [1, 4, 4]]},
-    ]
-    got, calls = run_engine(tmp_path, "jax", "jax", dense, requests)
+def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(runs):
+    """Pixel rows given directly that do not fit their grid or their prompt are refused in the tokenizer process with
+    vitjax's message, and the engine serves the next request (`BAD_ROWS`)."""
+    _, _, (got, calls) = runs
     assert got[0]["error"].endswith("image 0: pixel_values has shape [12, 1536], but grid_thw needs [16, 1536]")
     assert got[1]["error"].endswith("image 0: grid_thw rows [[1, 3, 4]] must be positive with h and w divisible by 2")
     assert got[2]["error"].endswith(
         "image 0: the prompt has 1 placeholder tokens for it, but its grid [(1, 4, 4)] makes 4"
     )
-    assert "error" not in got[3] and "error" not in got[4] and len(got[4]["tokens"]) == 4
-    assert [c["grid_thw"] for c in calls] == [[[1, 16, 16]], [[1, 4, 4]]]  # the refused ones never reached the tower
+    assert "error" not in got[3] and len(got[3]["tokens"]) == 4
+    assert [c["grid_thw"] for c in calls] == [[[1, 4, 4]]]  # the refused ones never reached the tower
 
 
 def test_load_formats_that_skip_load_weights(dense, tmp_path):

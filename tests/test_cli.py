@@ -47,10 +47,18 @@ def one_error_line(err: str) -> str:
 
 
 def test_version_and_help(capsys):
-    assert cli_main(["--version"]) == 0 and capsys.readouterr().out == f"vitjax {vitjax.__version__}\n"
+    for argv in (["--version"], ["encode", "--version"]):
+        assert cli_main(argv) == 0 and capsys.readouterr().out == f"vitjax {vitjax.__version__}\n"
     assert cli_main(["encode", "--help"]) == 0
     text = capsys.readouterr().out
-    for fragment in ("exit status:", "0  every input", "1  some inputs failed", "2  usage", "qwen3-vl-235b-a22b"):
+    for fragment in (
+        "exit status:",
+        "0  every input",
+        "1  some inputs failed",
+        "2  usage",
+        "3  the run",
+        "qwen3-vl-235b-a22b",
+    ):
         assert fragment in text
 
 
@@ -69,7 +77,7 @@ def test_version_and_help(capsys):
             "--max-pixels 33554432: must be from 1024 (one 32-pixel merge window) to --pixel-limit 16777216; "
             "raise --pixel-limit deliberately to allow larger images",
         ),
-        (["--batch-tokens", "0"], "--batch-tokens 0: must be at least 65536"),
+        (["--batch-tokens", "0"], "--batch-tokens 0: must be at least 1 (patches per call)"),
         (["--fps", "0"], "--fps 0.0: must be a positive number of frames per second"),
         (["--fps", "1", "--num-frames", "4"], "--num-frames 4: excludes --fps 1.0; give one of them"),
         (["--num-frames", "1"], "--num-frames 1: must be an integer from 2 (one temporal patch) to 768"),
@@ -264,6 +272,7 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
     summary = json.loads(stdout)
     tensors = load_file(out)
     assert summary["written"] == 2 and summary["output"] == str(out) and summary["seconds"] > 0
+    assert summary["decoder"] == "pil"  # no DALI, no GPU: what made the pixels, also with --quiet
     assert summary["failed"] == [{"index": 2, "source": missing, "error": "no such file"}]
     assert summary["tokens"] == len(tensors["0.embeds"]) + len(tensors["1.embeds"]) and "2.embeds" not in tensors
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")

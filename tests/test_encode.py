@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import vitjax
+from vitjax import layout
 from vitjax.cache import EmbeddingCache
 from vitjax.cli import main as cli_main
 from vitjax.images import ImageInputError
@@ -183,13 +184,19 @@ def test_broken_link_in_a_folder_is_reported_by_name(enc, tmp_path):
     assert str(broken) == f"{tmp_path / 'b.jpg'}: broken symbolic link (to {tmp_path / 'gone.jpg'})"
 
 
-def test_small_batches_stream_the_same_embeddings(enc, checkpoint):
-    """Calls of one image each (the smallest batch_tokens allowed) give what one call for all gives."""
+def test_small_batches_stream_the_same_embeddings(enc, checkpoint, monkeypatch):
+    """Calls of one image each (every image is larger than batch_tokens=1, so a call of its own) give what one call
+    for all gives."""
     paths = [str(p) for p in PHOTOS[:4]]
     whole = enc.encode(paths, max_pixels=MAX_PIXELS)
     single = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
-    streamed = single.encode(paths, max_pixels=MAX_PIXELS, batch_tokens=MAX_PIXELS // 256)
-    assert single.images_encoded == 4
+    calls = []
+    dispatch = single._dispatch
+    monkeypatch.setattr(
+        single, "_dispatch", lambda pipe, batch, *a: calls.append(batch.rows) or dispatch(pipe, batch, *a)
+    )
+    streamed = single.encode(paths, max_pixels=MAX_PIXELS, batch_tokens=1)
+    assert single.images_encoded == 4 and calls == [layout.grid_tokens(s.grid_thw) for s in streamed]
     for a, b in zip(whole, streamed, strict=True):
         assert a.grid_thw == b.grid_thw and a.sha256 == b.sha256
         np.testing.assert_allclose(np.asarray(a.features), np.asarray(b.features), rtol=1e-5, atol=1e-5)

@@ -34,8 +34,10 @@ def untouched():
         ({"min_pixels": 10**9}, "min_pixels", "must be from 1 to max_pixels=16777216"),
         ({"min_pixels": 70000, "max_pixels": 65536}, "min_pixels", "must be from 1 to max_pixels=65536"),
         ({"pixel_limit": 100}, "pixel_limit", "must be at least 1024"),
-        ({"batch_tokens": 0}, "batch_tokens", "must be at least 65536, the patches of the largest image"),
-        ({"batch_tokens": 255, "max_pixels": 65536}, "batch_tokens", "must be at least 256"),
+        ({"batch_tokens": 0}, "batch_tokens", "must be at least 1 (patches per call)"),
+        ({"batch_tokens": -256}, "batch_tokens", "must be at least 1 (patches per call)"),
+        ({"batch_tokens": 10**12}, "batch_tokens", "a call of 1000000000000 patches needs 2861022.9 GiB of pixel rows"),
+        ({"max_pixels": 2**40, "pixel_limit": 2**40}, "max_pixels", "a call of 4294967296 patches needs 12288.0 GiB"),
         ({"batch_tokens": True}, "batch_tokens", "must be an integer"),
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True or False"),
@@ -56,14 +58,15 @@ def test_bad_settings_are_refused_before_any_input_is_read(enc, settings, name, 
     assert enc.images_encoded == 0
 
 
-def test_batch_tokens_default_holds_the_largest_image():
-    assert EncodeSettings().checked(CFG).batch_tokens == 65536  # 16,777,216 pixels / 16^2
+def test_batch_tokens_is_the_call_size_whatever_the_largest_image():
+    """An image larger than batch_tokens is a call of its own: the default does not grow with max_pixels."""
+    assert EncodeSettings().checked(CFG).batch_tokens == BATCH_TOKENS
     assert EncodeSettings(max_pixels=65536).checked(CFG).batch_tokens == BATCH_TOKENS
-    assert EncodeSettings(max_pixels=65536, batch_tokens=256).checked(CFG).batch_tokens == 256
+    assert EncodeSettings(batch_tokens=256).checked(CFG).batch_tokens == 256
 
 
 def test_pixel_limit_is_raised_deliberately():
     with pytest.raises(SettingError, match="max_pixels=33554432: .*raise pixel_limit"):
         EncodeSettings(max_pixels=2 * 16777216).checked(CFG)
     checked = EncodeSettings(max_pixels=2 * 16777216, pixel_limit=2 * 16777216).checked(CFG)
-    assert checked.batch_tokens == 2 * 65536
+    assert checked.max_pixels == 2 * 16777216 and checked.batch_tokens == BATCH_TOKENS

@@ -127,7 +127,7 @@ def _settings(args: argparse.Namespace, cfg: VisionConfig) -> EncodeSettings:
     )
     try:
         return settings.checked(cfg)
-    except SettingError as e:  # named as options: "--max-pixels 0: must be from 1 to --pixel-limit 16777216"
+    except SettingError as e:  # named as options: "--min-pixels 0: must be from 1 to --max-pixels 16777216"
         option = (
             r"\b(video_min_pixels|video_max_pixels|min_pixels|max_pixels|pixel_limit|batch_tokens|fps|num_frames)\b(=?)"
         )
@@ -293,6 +293,7 @@ def _encode(args: argparse.Namespace) -> int:
             "written": written,
             "failed": [{"index": i, "source": r.name, "error": r.reason} for i, r in failed],
             "tokens": tokens,
+            "decoder": decoder,
             "seconds": round(time.perf_counter() - started, 3),
         }
         if write_error:
@@ -399,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    enc.add_argument("--version", action="version", version=f"vitjax {vitjax.__version__}")
     enc.add_argument("inputs", nargs="*", help="image or video files, or folders (searched recursively)")
     enc.add_argument(
         "--files-from", metavar="FILE", help="read more inputs from FILE, one per line ('-': standard input)"
@@ -423,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument(
         "--batch-tokens",
         type=int,
-        help=f"patches per tower call, at least the largest image's (default: {BATCH_TOKENS}, or that if more)",
+        help=f"patches per tower call; a larger image or video is a call of its own (default: {BATCH_TOKENS})",
     )
     enc.add_argument(
         "--devices",
@@ -474,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument(
         "--summary",
         choices=("json",),
-        help="print one JSON object on stdout: output, written, failed (index, source, error), tokens, seconds",
+        help="print one JSON object on stdout: output, written, failed (index, source, error), tokens, decoder, "
+        "seconds",
     )
     enc.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes; errors still go to stderr")
     enc.set_defaults(func=_encode)

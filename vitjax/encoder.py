@@ -250,8 +250,8 @@ class Encoder:
 
         A driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads a bounded window
         ahead, looked up in the cache, and the misses' rows written straight into the buffer of the next tower
-        call of at most `batch_tokens` patches per device (default `BATCH_TOKENS`, or the largest image's
-        patches if more); calls are dispatched asynchronously, at most two in flight, so host memory does not
+        call of at most `batch_tokens` patches per device (default `BATCH_TOKENS`; a larger image or video is a
+        call of its own); calls are dispatched asynchronously, at most two in flight, so host memory does not
         grow with the number of images and the host's work overlaps the device's. An image seen before (same
         pixels, settings and weights) comes from the cache; one that another thread is encoding right now is
         waited for; duplicates within a request are encoded once. Every setting is checked first

@@ -16,9 +16,10 @@ from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.video import MAX_FRAMES
 
-# Patches per tower call when encoding images: calls of ~5 photos let the next call's preprocessing overlap
-# the device's work (20 x 960x1280 JPEGs on an H200: 471 ms vs 532 ms in one call, bench/NOTES.md).
-BATCH_TOKENS = 24576
+# Patches per tower call when encoding images (an image or video of more is a call of its own). With today's tower
+# calls of ~13 photos beat calls of ~5 (20 x 960x1280 JPEGs on an H100: 404-451 ms vs 436-456, bench/NOTES.md): the
+# device's share shrank, and fewer calls pad fewer rows and launch less.
+BATCH_TOKENS = 65536
 # The most pixels `max_pixels` may allow per image unless raised deliberately (`pixel_limit`): Qwen3-VL's own
 # longest_edge. Host memory per image in flight and the device memory of its call grow with it.
 PIXEL_LIMIT = MAX_PIXELS
@@ -37,7 +38,8 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class EncodeSettings:
-    """Per-request settings. `batch_tokens=None` means `BATCH_TOKENS`, or the largest image's patches if more.
+    """Per-request settings. `batch_tokens` (None: `BATCH_TOKENS`) is the patches per tower call; an image or video of
+    more patches is encoded in a call of its own.
     `video_min_pixels` / `video_max_pixels` bound a video's pixels (HF's video `size`); `fps` or `num_frames`
     sample video files given as paths (default: 2 frames per second)."""
 
@@ -90,29 +92,24 @@ class EncodeSettings:
             raise SettingError("num_frames", self.num_frames, accepted)
         if self.fps is not None and self.num_frames is not None:
             raise SettingError("num_frames", self.num_frames, f"excludes fps={self.fps}; give one of them")
-        largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows
-        if self.batch_tokens is not None and self.batch_tokens < largest:
-            raise SettingError(
-                "batch_tokens",
-                self.batch_tokens,
-                f"must be at least {largest}, the patches of the largest image max_pixels={self.max_pixels} "
-                "allows (or lower max_pixels)",
-            )
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise SettingError("batch_tokens", self.batch_tokens, "must be at least 1 (patches per call)")
         if self.errors not in ERRORS:
             raise SettingError("errors", self.errors, f"must be one of {', '.join(map(repr, ERRORS))}")
         if self.decoder not in DECODERS:
             raise SettingError("decoder", self.decoder, f"must be one of {', '.join(map(repr, DECODERS))}")
         if not isinstance(self.progress, bool):
             raise SettingError("progress", self.progress, "must be True or False")
-        batch_tokens = max(BATCH_TOKENS, largest) if self.batch_tokens is None else self.batch_tokens
-        rows, memory = batch_tokens * cfg.patch_dim * 2, _host_memory()  # a call's pixel rows, bfloat16 at least
+        batch_tokens = BATCH_TOKENS if self.batch_tokens is None else self.batch_tokens
+        largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows: a call of its own
+        call = max(batch_tokens, largest)
+        rows, memory = call * cfg.patch_dim * 2, _host_memory()  # a call's pixel rows, bfloat16 at least
         if rows > memory:
-            named = self.batch_tokens is not None  # else max_pixels set the call's size
-            setting, value = ("batch_tokens", self.batch_tokens) if named else ("max_pixels", self.max_pixels)
+            setting = "batch_tokens" if batch_tokens > largest else "max_pixels"
             raise SettingError(
                 setting,
-                value,
-                f"a call of {batch_tokens} patches needs {rows / 2**30:.1f} GiB of pixel rows, more than this "
+                getattr(self, setting),
+                f"a call of {call} patches needs {rows / 2**30:.1f} GiB of pixel rows, more than this "
                 f"machine's {memory / 2**30:.1f} GiB of memory",
             )
         return replace(self, batch_tokens=batch_tokens)
