@@ -307,7 +307,7 @@ def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):
     tensors = load_file(out)
     with safe_open(out, "np") as f:
         meta = json.loads(f.metadata()["vitjax"])
-    assert meta["dtype"] == "float32" and meta["model"] == str(checkpoint) and meta["vitjax_version"]
+    assert meta["dtype"] == "float32" and meta["model"] == str(checkpoint.resolve()) and meta["vitjax_version"]
     assert meta["images"][3] == {"index": 3, "source": bad, "error": meta["images"][3]["error"]}
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
     width = enc.cfg.out_hidden_size
