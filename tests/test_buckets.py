@@ -223,6 +223,24 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch)
     assert tries == [(Bucket(160, 1), pytest.approx(buckets.FIT_SWITCH_INTERVAL))]  # tried once, never again
 
 
+def test_fitted_compiles_of_sizes_that_do_not_come_back_are_held_to_the_bound(monkeypatch):
+    """A size seen twice and then never again: its finished compile is installed (and dropped past the bound) when the
+    next compile is submitted, not kept beside the bound for the life of the process."""
+    monkeypatch.setattr(buckets, "FITTED_EXECUTABLES", 2)
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    sizes = [[(1, 8, w)] for w in (10, 18, 22, 26)]  # 80, 144, 176, 208 tokens: fitted 96, 160, 192, 224
+    for grids in sizes:
+        x = pixels_for(grids, CFG, seed=3)
+        for _ in range(2):
+            _bucket_rows(engine, x, grids)
+        assert engine.settle()
+    assert [key[0].tokens for key in engine._fitted] == [160, 192]  # 96 dropped past the bound of 2
+    assert [key[0].tokens for key in engine._fitting] == [224]  # finished; installed by the next call or submission
+    assert sum(key in engine._executables for key in engine._fitted) == 2
+    assert engine.compiles == 2 + 3  # the ladder buckets of 128 and 256, and three fitted ones installed
+
+
 def test_default_sampled_videos_fit_the_segment_ladder():
     """Every clip HF's sampling can give (up to MAX_FRAMES frames, two per slice) lands on a rung of the default
     ladder, so no video length compiles an executable of its own; the images' buckets are as before."""

@@ -3,8 +3,9 @@
 XLA compiles one program per input shape. Every tower call is padded to one of a small set of bucket
 shapes (tokens, frame segments), so a process compiles each bucket once, ahead of time at warm-up or
 on first use, loads it from the persistent compilation cache when another process compiled it before,
-and never compiles one again. Padding tokens sit after the last image, belong to no segment (id -1) and
-are neither attended nor attending; unused segment slots start at T with length 0.
+and never compiles one again (a fitted bucket, below, dropped from its bounded table may be compiled again).
+Padding tokens sit after the last image, belong to no segment (id -1) and are neither attended nor
+attending; unused segment slots start at T with length 0.
 
 A size the ladder fits loosely gets a tighter bucket once it repeats: the second call of a size starts compiling
 a bucket of its tokens rounded up to `BucketPolicy.fit_granule` on a background thread, and later calls run there
@@ -74,6 +75,9 @@ FIT_AFTER = 2
 # Fitted executables kept per engine (least recently used dropped), and call sizes remembered toward FIT_AFTER.
 FITTED_EXECUTABLES = 16
 FIT_SIGHTINGS = 256
+# Fitted compiles queued or running at once per engine: sizes that come faster than one thread compiles wait for
+# their next sighting rather than queue without end.
+FIT_QUEUE = 16
 # A fitted compile traces the tower in Python beside the calls being served. Each time a serving thread lets go of
 # Python's lock (a device call, a wait) the tracing thread keeps it for the interpreter's switch interval, 5 ms by
 # default, before handing it back: on an H100 the call that started a compile took +20 to +125 ms (4-32 720p images)
@@ -368,22 +372,27 @@ class Engine:
                 if seen >= FIT_AFTER and key not in self._unfit:
                     wanted.append(key)
                 return ladder
-            if not future.done():
+            if not future.done() or not self._install(key):
                 return ladder
-            del self._fitting[key]
-            self._sightings.pop(key, None)
-            try:
-                self._executables[key] = future.result()
-            except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
-                self._unfit.add(key)
-                message = f"vitjax: no fitted bucket {fitted} ({e}); calls of {rows} tokens stay in {bucket}"
-                warnings.warn(message, RuntimeWarning, stacklevel=3)
-                return ladder
-            self.compiles += 1
-            self._fitted[key] = None
-            while len(self._fitted) > FITTED_EXECUTABLES:
-                del self._executables[self._fitted.popitem(last=False)[0]]
             return key, self._executables[key]
+
+    def _install(self, key: tuple) -> bool:
+        """Move a finished fitted compile from `_fitting` into `_executables` (the least recently used fitted one
+        dropped past `FITTED_EXECUTABLES`), or into `_unfit` with a warning if it failed; under `_fit_lock`."""
+        future = self._fitting.pop(key)
+        self._sightings.pop(key, None)
+        try:
+            self._executables[key] = future.result()
+        except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
+            self._unfit.add(key)
+            message = f"vitjax: no fitted bucket {key[0]} ({e}); its calls stay in their ladder bucket"
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            return False
+        self.compiles += 1
+        self._fitted[key] = None
+        while len(self._fitted) > FITTED_EXECUTABLES:
+            del self._executables[self._fitted.popitem(last=False)[0]]
+        return True
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait (at most `timeout` seconds) for the fitted buckets being compiled; the next call of each size runs in
@@ -443,10 +452,17 @@ class Engine:
         # Fitted compiles start once the request is dispatched: their tracing holds Python's lock most of the time,
         # and started before the dispatch it held that back (on an H100 the call that started one took +140-380 ms);
         # started here it overlaps the call's device work, which hides it on large calls of few images (NOTES).
-        for key in wanted:
+        if wanted:
             with self._fit_lock:
-                if key not in self._fitting:
-                    self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
+                # Finished compiles whose size has not come back are installed now (held to FITTED_EXECUTABLES like
+                # any), so `_fitting` holds only queued and running ones, at most FIT_QUEUE; a key another thread's
+                # compile already put in place is not compiled again.
+                for key in [k for k, f in self._fitting.items() if f.done()]:
+                    self._install(key)
+                for key in wanted:
+                    known = key in self._fitting or key in self._executables or key in self._unfit
+                    if not known and len(self._fitting) < FIT_QUEUE:
+                        self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
         return calls
 
     def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
