@@ -1,7 +1,10 @@
 """`python -m bridge.launch_server --mm-encoder-backend jax` as a real SGLang HTTP server on the CPU, beside
 stock `sglang.launch_server`: the same answers over `/v1/chat/completions` and `/generate`; a corrupt
 image is an error response and the server goes on; the encoder-only + language-only pair with the bridge
-on the encoder side; the launcher refuses what it cannot serve before SGLang starts."""
+on the encoder side; the launcher refuses what it cannot serve before SGLang starts.
+
+The servers serve the tiny MoE Qwen3-VL (SGLang's `Qwen3VLMoeForConditionalGeneration`); the Engine tests
+(`test_bridge_sglang.py`) serve the dense one, so each of the bridge's two classes runs beside stock SGLang."""
 
 from __future__ import annotations
 
@@ -80,24 +83,24 @@ def server_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("qwen3vl-http") / "model", TINY["hd64"], seed=1)
+def moe(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("qwen3vl-http") / "model", TINY["hd64"], moe=True, seed=1)
 
 
 @pytest.fixture(scope="module")
-def stock(dense, tmp_path_factory) -> list:
+def stock(moe, tmp_path_factory) -> list:
     """Stock `sglang.launch_server`'s answers, the reference of every server test (one server start for all)."""
     folder = tmp_path_factory.mktemp("stock")
     env = server_env(folder)
-    with server("sglang.launch_server", ["--model-path", str(dense)], folder / "stock.log", env) as url:
+    with server("sglang.launch_server", ["--model-path", str(moe)], folder / "stock.log", env) as url:
         found = answers(url)
     assert not (folder / "trace.jsonl").exists()  # stock SGLang never calls the bridge
     return found
 
 
-def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(dense, stock, tmp_path):
+def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(moe, stock, tmp_path):
     env = server_env(tmp_path)
-    args = ["--model-path", str(dense)]
+    args = ["--model-path", str(moe)]
     with server("bridge.launch_server", ["--mm-encoder-backend", "jax", *args], tmp_path / "jax.log", env) as url:
         assert_same(answers(url), stock)
         truncated = "data:image/jpeg;base64," + base64.b64encode((IMAGES / "coffee.jpg").read_bytes()[:300]).decode()
@@ -113,9 +116,9 @@ def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image
     assert calls == [[[1, 4, 4]], [[1, 16, 16]], [[1, 12, 18]], [[1, 12, 18]]], calls
 
 
-def test_encoder_only_and_language_only_pair_with_the_bridge(dense, stock, tmp_path):
+def test_encoder_only_and_language_only_pair_with_the_bridge(moe, stock, tmp_path):
     env = server_env(tmp_path)
-    args = ["--model-path", str(dense)]
+    args = ["--model-path", str(moe)]
     encoder = ["--mm-encoder-backend", "jax", *args, "--encoder-only"]
     with server("bridge.launch_server", encoder, tmp_path / "encoder.log", env) as enc_url:
         language = [*args, "--language-only", "--encoder-urls", enc_url]
@@ -127,38 +130,38 @@ def test_encoder_only_and_language_only_pair_with_the_bridge(dense, stock, tmp_p
     assert [c for c in calls if c != [[1, 4, 4]]] == [[[1, 16, 16]], [[1, 12, 18], [1, 16, 16]], [[1, 12, 18]]]
 
 
-def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_path, monkeypatch):
+def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path, monkeypatch):
     names = (backend.BACKEND_ENV, backend.PACKAGE_ENV, backend.PROCESSORS_ENV, backend.VLM_CACHE_ENV)
     for var in (*names, *backend.XLA_MEMORY_ENVS):
         monkeypatch.delenv(var, raising=False)
-    args = ["--mm-encoder-backend=jax", "--model-path", str(dense), "--port", "1"]
-    assert prepare(args) == ["--model-path", str(dense), "--port", "1"]
+    args = ["--mm-encoder-backend=jax", "--model-path", str(moe), "--port", "1"]
+    assert prepare(args) == ["--model-path", str(moe), "--port", "1"]
     import os
 
     assert os.environ[backend.PACKAGE_ENV] == "bridge.sglang_models"
     assert os.environ[backend.VLM_CACHE_ENV] == "4096" and os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert pop_option(["--model", "m", "--model-path=x"], ["--model-path", "--model"], remove=False) == "x"
     with pytest.raises(UsageError, match=r"--mm-encoder-backend 'tensorflow': expected one of jax, torch"):
-        prepare(["--mm-encoder-backend", "tensorflow", "--model-path", str(dense)])
+        prepare(["--mm-encoder-backend", "tensorflow", "--model-path", str(moe)])
     with pytest.raises(UsageError, match=r"--mm-encoder-backend '': expected one of jax, torch"):
-        prepare(["--mm-encoder-backend=", "--model-path", str(dense)])
+        prepare(["--mm-encoder-backend=", "--model-path", str(moe)])
     # SGLang's --config FILE.yaml: the model is read from it as SGLang reads it.
-    (tmp_path / "serve.yaml").write_text(f"model-path: {dense}\nport: 1\n")
+    (tmp_path / "serve.yaml").write_text(f"model-path: {moe}\nport: 1\n")
     assert prepare(["--config", str(tmp_path / "serve.yaml")]) == ["--config", str(tmp_path / "serve.yaml")]
     with pytest.raises(UsageError, match=r"--config: .*not found"):
         prepare(["--config", str(tmp_path / "missing.yaml")])
     # SGLang's Transformers backend would build a class of its own, with HF's torch tower.
     with pytest.raises(UsageError, match=r"^--model-impl transformers: --mm-encoder-backend jax runs in SGLang's own"):
-        prepare(["--model-path", str(dense), "--model-impl", "transformers"])
-    (tmp_path / "impl.yaml").write_text(f"model-path: {dense}\nmodel-impl: transformers\n")
+        prepare(["--model-path", str(moe), "--model-impl", "transformers"])
+    (tmp_path / "impl.yaml").write_text(f"model-path: {moe}\nmodel-impl: transformers\n")
     with pytest.raises(UsageError, match=r"^--model-impl transformers: "):
         prepare(["--config", str(tmp_path / "impl.yaml")])
-    assert prepare(["--model-path", str(dense), "--model-impl=sglang"]) == [
+    assert prepare(["--model-path", str(moe), "--model-impl=sglang"]) == [
         "--model-path",
-        str(dense),
+        str(moe),
         "--model-impl=sglang",
     ]
-    torch_impl = ["--model-path", str(dense), "--model-impl", "transformers"]
+    torch_impl = ["--model-path", str(moe), "--model-impl", "transformers"]
     assert prepare(["--mm-encoder-backend", "torch", *torch_impl]) == torch_impl  # stock SGLang: the user's choice
     other = tmp_path / "llama"
     other.mkdir()
@@ -176,19 +179,19 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(dense, tmp_pa
     # SGLang's --dtype float32 gives float32 towers, which no flash path runs; its "auto" gives 16-bit ones.
     monkeypatch.setenv("VITJAX_ATTENTION", "cudnn_padded")
     with pytest.raises(UsageError, match=r"VITJAX_ATTENTION='cudnn_padded': attention 'cudnn_padded' takes bfloat16"):
-        prepare(["--model-path", str(dense), "--dtype", "float32"])
-    assert prepare(["--model-path", str(dense), "--dtype=auto"]) == ["--model-path", str(dense), "--dtype=auto"]
+        prepare(["--model-path", str(moe), "--dtype", "float32"])
+    assert prepare(["--model-path", str(moe), "--dtype=auto"]) == ["--model-path", str(moe), "--dtype=auto"]
     monkeypatch.delenv("VITJAX_ATTENTION")
     monkeypatch.setenv(backend.FIT_GRANULE_ENV, "6")  # read only after the language model loads: checked here
     with pytest.raises(UsageError, match=r"VITJAX_FIT_GRANULE='6': expected 0 \(off\) or a multiple of 4 tokens"):
-        prepare(["--model-path", str(dense)])
+        prepare(["--model-path", str(moe)])
     # The same refusal from the command line: exit 2 and one line, before SGLang starts.
     proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--model-path", str(other)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith("bridge.launch_server: error:"), proc.stderr
 
 
-def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(dense, monkeypatch):
+def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(moe, monkeypatch):
     """A rank's JAX tower on a GPU past the first opens every GPU (bridge.tower._open_gpus) and raises there if JAX
     would preallocate: after SGLang has started. The launcher finds the same case first, with SGLang's parser."""
     for var in (*backend.XLA_MEMORY_ENVS, "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS"):
@@ -196,7 +199,7 @@ def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(dense, monk
     assert backend.preallocates({}) and backend.preallocates({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
     assert not backend.preallocates({"XLA_PYTHON_CLIENT_PREALLOCATE": "False"})
     assert not backend.preallocates({"XLA_PYTHON_CLIENT_ALLOCATOR": "Platform"})
-    model = ["--model-path", str(dense)]
+    model = ["--model-path", str(moe)]
     assert gpu_past_the_first([*model, "--tp-size", "2"]) == "--tp-size 2"
     assert gpu_past_the_first([*model, "--tp", "2", "--dp-size", "2"]) == "--tp-size 2 --dp-size 2"
     assert gpu_past_the_first([*model, "--base-gpu-id", "3"]) == "--base-gpu-id 3"

@@ -3,7 +3,8 @@ SGLang's per-image cache and chunked prefill still decide what gets encoded.
 
 Each Engine runs in a process of its own (`sglang_driver.py`). The tiny Qwen3-VL (`qwen3vl_checkpoint`)
 has a 3-block vision tower; images are resized to at most 16x16 patches (64 tokens), so with prefill
-chunks of 32 tokens every image spans several chunks.
+chunks of 32 tokens every image spans several chunks. (The MoE class is served beside stock SGLang in
+`test_bridge_server.py`.)
 """
 
 from __future__ import annotations
@@ -205,16 +206,6 @@ def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
     assert_same_answers(got[n:], stock[n:])
     videos = [g for c in calls for g in c["grid_thw"] if g[0] > 1]
     assert len(videos) == 1 and videos[0][0] >= 2, calls  # one video item, several temporal groups, encoded once
-
-
-def test_moe_engine_with_bridge_equals_stock_sglang(tmp_path):
-    moe = build(tmp_path / "moe", TINY["hd64"], moe=True, seed=2)
-    requests = REQUESTS[:2]
-    (stock, _), (got, calls) = side_by_side(
-        (tmp_path, "stock", "torch", moe, requests), (tmp_path, "jax", "jax", moe, requests)
-    )
-    assert_same_answers(got, stock)
-    assert sum(len(c["grid_thw"]) for c in calls) == 3
 
 
 def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(runs):
