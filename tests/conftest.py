@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("VITJAX_CACHE_DIR", "off")  # tests leave no compilation cache in the user's home
 # Four CPU devices, so data parallelism runs on a real multi-device client (the default device is still one).
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
@@ -23,6 +24,13 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 import vitjax
 
+# One XLA compilation cache for the run, in a temporary folder removed at its end (none is left in the user's home):
+# made by the first process that loads this file (pytest's controller under xdist) and inherited by the workers and
+# the SGLang processes the tests start, which compile the same tiny programs many times over.
+RUN_CACHE = None if "VITJAX_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="vitjax-tests-xla-")
+if RUN_CACHE:
+    os.environ["VITJAX_CACHE_DIR"] = RUN_CACHE
+
 # head_dim 64 (like 2B/4B) and 72 (like 8B and larger), deepstack taps at different blocks.
 TINY = {
     "hd64": vitjax.VisionConfig(
@@ -32,6 +40,20 @@ TINY = {
         depth=4, hidden_size=144, num_heads=2, intermediate_size=80, out_hidden_size=48, deepstack_visual_indexes=(1, 2)
     ),
 }
+# The files that start real SGLang engines and servers, and the multi-device one: the longest, so they are handed to
+# xdist's workers first and the short files fill in around them.
+LONGEST_FIRST = ("test_bridge_sglang.py", "test_bridge_server.py", "test_parallel.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the order within a file is kept
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if RUN_CACHE:
+        shutil.rmtree(RUN_CACHE, ignore_errors=True)
+
+
 PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))
 MAX_PIXELS = 128 * 128 * 4  # keeps the CPU tower small in encode tests; the preprocessing tests cover the defaults
 # Several images and a t=2 video packed together; non-square grids; a single 2x2 image.
