@@ -42,7 +42,7 @@ TINY = {
 }
 # The files that start real SGLang engines and servers, and the multi-device one: the longest, so they are handed to
 # xdist's workers first and the short files fill in around them.
-LONGEST_FIRST = ("test_bridge_sglang.py", "test_bridge_server.py", "test_parallel.py")
+LONGEST_FIRST = ("test_bridge_sglang.py", "test_bridge_server.py", "test_bridge_load_formats.py", "test_parallel.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
