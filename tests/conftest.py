@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import shutil
@@ -27,9 +28,9 @@ import vitjax
 # One XLA compilation cache for the run, in a temporary folder removed at its end (none is left in the user's home):
 # made by the first process that loads this file (pytest's controller under xdist) and inherited by the workers and
 # the SGLang processes the tests start, which compile the same tiny programs many times over.
-RUN_CACHE = None if "VITJAX_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="vitjax-tests-xla-")
-if RUN_CACHE:
-    os.environ["VITJAX_CACHE_DIR"] = RUN_CACHE
+if "VITJAX_CACHE_DIR" not in os.environ:
+    os.environ["VITJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitjax-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ["VITJAX_CACHE_DIR"], ignore_errors=True)
 
 # head_dim 64 (like 2B/4B) and 72 (like 8B and larger), deepstack taps at different blocks.
 TINY = {
@@ -40,18 +41,22 @@ TINY = {
         depth=4, hidden_size=144, num_heads=2, intermediate_size=80, out_hidden_size=48, deepstack_visual_indexes=(1, 2)
     ),
 }
-# The files that start real SGLang engines and servers, and the multi-device one: the longest, so they are handed to
+# The files that start real SGLang engines and servers, and the multi-device one, longest first: they are handed to
 # xdist's workers first and the short files fill in around them.
 LONGEST_FIRST = ("test_bridge_sglang.py", "test_bridge_server.py", "test_bridge_load_formats.py", "test_parallel.py")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep this file's order under `--dist loadfile`: xdist (>= 3.8 can be told not to) would otherwise hand
+    out the files with the most tests first."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the order within a file is kept
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if RUN_CACHE:
-        shutil.rmtree(RUN_CACHE, ignore_errors=True)
+    """`LONGEST_FIRST` before the other files (a stable sort: the order within a file is kept)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 PHOTOS = sorted((Path(__file__).parent / "data" / "images").glob("*.[jp][pn]g"))

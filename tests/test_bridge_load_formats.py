@@ -1,5 +1,5 @@
 """SGLang's load formats that skip the model's `load_weights`, in a real SGLang 0.5.23 Engine on the CPU (the
-engines of `test_bridge_sglang.py`, a file of their own so xdist runs them beside that file's)."""
+engines of `test_bridge_sglang.py`, in a file of their own so xdist can run them on another worker)."""
 
 from __future__ import annotations
 
