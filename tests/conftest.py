@@ -158,3 +158,11 @@ def checkpoint(tmp_path_factory):
     hf_dir = tmp_path_factory.mktemp("hf")
     hf_vision_model(TINY["hd64"]).save_pretrained(hf_dir)
     return convert(hf_dir, tmp_path_factory.mktemp("converted") / "tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> Path:
+    """A servable tiny dense Qwen3-VL checkpoint (tokenizer and processors too) for the files that start SGLang."""
+    from qwen3vl_checkpoint import build  # it imports this file's helpers
+
+    return build(tmp_path_factory.mktemp("qwen3vl") / "model", TINY["hd64"])

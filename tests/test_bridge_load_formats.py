@@ -4,19 +4,11 @@ engines of `test_bridge_sglang.py`, in a file of their own so xdist can run them
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
-import pytest
-from conftest import TINY
-from qwen3vl_checkpoint import MAX_PIXELS, MIN_PIXELS, build
+from qwen3vl_checkpoint import MAX_PIXELS, MIN_PIXELS
 from test_bridge_sglang import IMAGES, REQUESTS, engine_process, run_engine
 
 from vitjax.preprocess import preprocess_image
-
-
-@pytest.fixture(scope="module")
-def dense(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("qwen3vl") / "model", TINY["hd64"])
 
 
 def test_load_formats_that_skip_load_weights(dense, tmp_path):

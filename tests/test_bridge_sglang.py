@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY
-from qwen3vl_checkpoint import MAX_PIXELS, MIN_PIXELS, build
+from qwen3vl_checkpoint import MAX_PIXELS, MIN_PIXELS
 
 from bridge import backend
 from vitjax.preprocess import preprocess_image
@@ -97,11 +96,6 @@ def sglang_decodes_video() -> bool:
     except Exception:
         return False
     return True
-
-
-@pytest.fixture(scope="module")
-def dense(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("qwen3vl") / "model", TINY["hd64"])
 
 
 @pytest.fixture(scope="module")
