@@ -241,6 +241,55 @@ def test_fitted_compiles_of_sizes_that_do_not_come_back_are_held_to_the_bound(mo
     assert engine.compiles == 2 + 3  # the ladder buckets of 128 and 256, and three fitted ones installed
 
 
+def test_a_dropped_fitted_size_needs_twice_the_calls_to_compile_again(monkeypatch):
+    """Sizes rotating through more fitted buckets than the table holds: each time a size's executable is dropped,
+    the calls it needs before compiling again double, so the fitting thread is not kept compiling."""
+    monkeypatch.setattr(buckets, "FITTED_EXECUTABLES", 1)
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    first, second = [(1, 10, 20)], [(1, 10, 18)]  # 200 and 180 tokens: fitted 224 and 192
+    x, y = pixels_for(first, CFG, seed=7), pixels_for(second, CFG, seed=8)
+    for _ in range(2):
+        _bucket_rows(engine, x, first)
+        _bucket_rows(engine, y, second)
+    assert engine.settle()
+    assert _bucket_rows(engine, x, first) == [224]
+    assert _bucket_rows(engine, y, second) == [192]  # drops 224 (once)
+    for _ in range(3):
+        assert _bucket_rows(engine, x, first) == [256] and not engine._fitting
+    assert _bucket_rows(engine, x, first) == [256]  # the fourth call since the drop
+    assert [key[0] for key in engine._fitting] == [Bucket(224, 1)]
+    assert engine.settle()
+    assert _bucket_rows(engine, x, first) == [224]  # drops 192
+    assert {key[0]: n for key, n in engine._drops.items()} == {Bucket(224, 1): 1, Bucket(192, 1): 1}
+
+
+def test_a_warm_up_naming_a_bucket_fitting_in_the_background_takes_up_that_compile(monkeypatch):
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    grids = [(1, 10, 12), (1, 8, 10)]  # 200 tokens: fitted 224
+    x = pixels_for(grids, CFG, seed=5)
+    compile_, tries, release = engine._compile, [], threading.Event()
+
+    def held(bucket, *args):
+        tries.append(bucket)
+        if bucket == Bucket(224, 8):
+            release.wait(60)
+        return compile_(bucket, *args)
+
+    monkeypatch.setattr(engine, "_compile", held)
+    for _ in range(2):
+        assert _bucket_rows(engine, x, grids) == [256]
+    with ThreadPoolExecutor(1) as pool:
+        warm = pool.submit(enc.warmup, [Bucket(224, 8)], run=False)
+        assert not engine.settle(timeout=0.2)  # the fitted compile is held; the warm-up waits for it
+        release.set()
+        warm.result()
+    assert tries == [Bucket(256, 8), Bucket(224, 8)] and not engine._fitting
+    assert not engine._fitted  # named by the warm-up: kept outside the fitted bound
+    assert _bucket_rows(engine, x, grids) == [224]
+
+
 def test_default_sampled_videos_fit_the_segment_ladder():
     """Every clip HF's sampling can give (up to MAX_FRAMES frames, two per slice) lands on a rung of the default
     ladder, so no video length compiles an executable of its own; the images' buckets are as before."""

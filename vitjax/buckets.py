@@ -3,7 +3,9 @@
 XLA compiles one program per input shape. Every tower call is padded to one of a small set of bucket
 shapes (tokens, frame segments), so a process compiles each bucket once, ahead of time at warm-up or
 on first use, loads it from the persistent compilation cache when another process compiled it before,
-and never compiles one again (a fitted bucket, below, dropped from its bounded table may be compiled again).
+and never compiles one again (a fitted bucket, below, dropped from its bounded table may be compiled again, after
+twice as many calls each time it is dropped, so sizes rotating through more than the table holds do not keep the
+fitting thread compiling).
 Padding tokens sit after the last image, belong to no segment (id -1) and are neither attended nor
 attending; unused segment slots start at T with length 0.
 
@@ -72,7 +74,8 @@ LAYOUT_CACHE = 16
 # 4-32 720p images ran 6-8% faster, of 2-8 2K images 1-4%, the 20 photos (96,256 tokens, not 98,304) 0-3% (NOTES).
 FIT_GRANULE = 2048
 FIT_AFTER = 2
-# Fitted executables kept per engine (least recently used dropped), and call sizes remembered toward FIT_AFTER.
+# Fitted executables kept per engine (least recently used dropped; a size dropped d times needs FIT_AFTER * 2**d calls
+# to compile again), and call sizes remembered toward that (and their drops).
 FITTED_EXECUTABLES = 16
 FIT_SIGHTINGS = 256
 # Fitted compiles queued or running at once per engine: sizes that come faster than one thread compiles wait for
@@ -255,11 +258,12 @@ class Engine:
         self._counts: dict[int, jax.Array] = {}
         self._layouts: collections.OrderedDict[tuple, tuple[jax.Array, ...]] = collections.OrderedDict()
         self._sightings: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # fitted key -> calls
+        self._drops: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # fitted key -> times dropped
         self._fitting: dict[tuple, concurrent.futures.Future] = {}  # fitted keys being compiled
         self._fitted: collections.OrderedDict[tuple, None] = collections.OrderedDict()  # in `_executables`, LRU
         self._unfit: set[tuple] = set()  # fitted keys that failed to compile: their calls stay on the ladder
         self._building: dict[tuple, concurrent.futures.Future] = {}  # keys a caller is compiling in `executable`
-        self._fit_lock = threading.Lock()  # over the five tables above and `_executables`
+        self._fit_lock = threading.Lock()  # over the six tables above and `_executables`
         self.compiles = 0  # executables built by this engine (from scratch or from the persistent cache)
         enable_compilation_cache()
 
@@ -294,8 +298,17 @@ class Engine:
         with self._fit_lock:
             if (compiled := self._executables.get(key)) is not None:
                 return compiled
-            waiting = key in self._building
-            building = self._building.setdefault(key, concurrent.futures.Future())
+            fitting = self._fitting.get(key)
+            if fitting is None:
+                waiting = key in self._building
+                building = self._building.setdefault(key, concurrent.futures.Future())
+        if fitting is not None:  # a fitted bucket a warm-up names, compiling in the background: take up that compile
+            compiled = fitting.result()
+            with self._fit_lock:
+                if key in self._fitting:
+                    self._install(key)
+                self._fitted.pop(key, None)  # named: kept, as a bucket the warm-up compiled is, outside the bound
+            return compiled
         if waiting:
             return building.result()
         try:
@@ -351,8 +364,9 @@ class Engine:
     ) -> tuple[tuple[Bucket, np.dtype, int], jax.stages.Compiled | None]:
         """The executable key a call of `rows` in `bucket` runs under, and for a fitted key its executable (taken
         under the lock, so no other call can evict it first): its fitted bucket's (`BucketPolicy.fitted`) once
-        that is compiled, else the ladder bucket's. The `FIT_AFTER`-th call of a size adds the fitted key to
-        `wanted`, compiled on a background thread once the request is dispatched (`run`)."""
+        that is compiled, else the ladder bucket's. The `FIT_AFTER`-th call of a size (doubled each time its fitted
+        executable was dropped) adds the fitted key to `wanted`, compiled on a background thread once the request is
+        dispatched (`run`)."""
         ladder = (bucket, pixel_dtype, self._max_length(bucket, longest)), None
         fitted = self.policy.fitted(bucket, rows)
         if fitted is None or fitted.tokens % (4 * len(self.devices)):
@@ -369,7 +383,7 @@ class Engine:
                 seen = self._sightings[key] = self._sightings.pop(key, 0) + 1
                 while len(self._sightings) > FIT_SIGHTINGS:
                     self._sightings.popitem(last=False)
-                if seen >= FIT_AFTER and key not in self._unfit:
+                if seen >= FIT_AFTER << self._drops.get(key, 0) and key not in self._unfit:
                     wanted.append(key)
                 return ladder
             if not future.done() or not self._install(key):
@@ -391,7 +405,11 @@ class Engine:
         self.compiles += 1
         self._fitted[key] = None
         while len(self._fitted) > FITTED_EXECUTABLES:
-            del self._executables[self._fitted.popitem(last=False)[0]]
+            dropped = self._fitted.popitem(last=False)[0]
+            del self._executables[dropped]
+            self._drops[dropped] = self._drops.pop(dropped, 0) + 1
+            while len(self._drops) > FIT_SIGHTINGS:
+                self._drops.popitem(last=False)
         return True
 
     def settle(self, timeout: float | None = None) -> bool:
@@ -456,12 +474,12 @@ class Engine:
             with self._fit_lock:
                 # Finished compiles whose size has not come back are installed now (held to FITTED_EXECUTABLES like
                 # any), so `_fitting` holds only queued and running ones, at most FIT_QUEUE; a key another thread's
-                # compile already put in place is not compiled again.
+                # compile already put in place, or a warm-up is compiling, is not compiled again.
                 for key in [k for k, f in self._fitting.items() if f.done()]:
                     self._install(key)
+                tables = (self._fitting, self._executables, self._building, self._unfit)
                 for key in wanted:
-                    known = key in self._fitting or key in self._executables or key in self._unfit
-                    if not known and len(self._fitting) < FIT_QUEUE:
+                    if not any(key in table for table in tables) and len(self._fitting) < FIT_QUEUE:
                         self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
         return calls
 
