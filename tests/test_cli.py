@@ -15,14 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MAX_PIXELS, PHOTOS
+from conftest import MAX_PIXELS, PHOTOS, TINY
 from PIL import Image
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import vitjax
 from vitjax import cli
 from vitjax.buckets import FIT_GRANULE
 from vitjax.cli import main as cli_main
+from vitjax.config import PRESETS
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +315,22 @@ def test_seed_out_of_range_is_a_usage_error(tmp_path, capsys):
     for seed in (str(2**64), "²"):
         code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "--seed", seed, "-o", "x")
         assert code == 2 and f"--seed: expected a whole number from -2**63 to 2**63 - 1, got '{seed}'" in err
+
+
+def test_random_weights_are_recorded_under_the_presets_own_name(tmp_path, capsys, monkeypatch):
+    """`--random-init 2b` and `Qwen/Qwen3-VL-2B` are one preset (a tiny tower stands in for it here): the same
+    weights, and the output's metadata names them one way."""
+    monkeypatch.setitem(PRESETS, "qwen3-vl-2b", TINY["hd64"])
+    embeds = []
+    for i, name in enumerate(("2b", "Qwen/Qwen3-VL-2B")):
+        out = tmp_path / f"{i}.safetensors"
+        options = ["--random-init", name, "--seed", "3", "--dtype", "float32", "--max-pixels", str(MAX_PIXELS), "-q"]
+        assert run(capsys, str(PHOTOS[0]), *options, "-o", str(out))[0] == 0
+        with safe_open(out, "np") as f:
+            assert json.loads(f.metadata()["vitjax"])["model"] == "random-init:qwen3-vl-2b:seed=3"
+        embeds.append(load_file(out)["0.embeds"])
+    assert embeds[0].shape[1] == TINY["hd64"].out_hidden_size
+    np.testing.assert_array_equal(*embeds)
 
 
 def test_an_attention_path_the_dtype_rules_out_is_a_usage_error(tmp_path, capsys, monkeypatch):

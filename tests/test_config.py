@@ -54,6 +54,8 @@ def test_known_param_count_8b():
 def test_preset_names():
     assert set(PRESETS) == set(EXPECTED)
     assert vitjax.VisionConfig.preset("Qwen3-VL-8B") is PRESETS["qwen3-vl-8b"]
+    assert vitjax.VisionConfig.preset_name("Qwen/Qwen3-VL-30B_A3B") == "qwen3-vl-30b-a3b"
+    assert vitjax.VisionConfig.preset_name("2B") == "qwen3-vl-2b"
     with pytest.raises(ValueError, match="unknown preset 'qwen3-vl-7b'"):
         vitjax.VisionConfig.preset("qwen3-vl-7b")
 

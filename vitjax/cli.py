@@ -100,9 +100,10 @@ def _config(args: argparse.Namespace) -> VisionConfig:
     """The tower's config, read without building the model: from the preset or --model's config.json."""
     if args.random_init:
         try:
-            return VisionConfig.preset(args.random_init)
+            args.random_init = VisionConfig.preset_name(args.random_init)  # so the output records the preset's name
         except ValueError as e:
             raise UsageError(f"--random-init {args.random_init}: {e}") from e
+        return VisionConfig.preset(args.random_init)
     path = Path(args.model)
     if not path.is_dir():
         raise UsageError(f"--model {args.model}: no such directory (an HF checkpoint or a `vitjax convert` output)")

@@ -89,11 +89,16 @@ class VisionConfig:
     @classmethod
     def preset(cls, name: str) -> VisionConfig:
         """One of the released models: qwen3-vl-{2b,4b,8b,32b,30b-a3b,235b-a22b}."""
+        return PRESETS[cls.preset_name(name)]
+
+    @staticmethod
+    def preset_name(name: str) -> str:
+        """`name` as PRESETS spells it (`8B`, `Qwen/Qwen3-VL-8B` -> `qwen3-vl-8b`); a ValueError if none."""
         key = name.lower().removeprefix("qwen/").replace("_", "-")
         key = key if key.startswith("qwen3-vl-") else f"qwen3-vl-{key}"
         if key not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        return PRESETS[key]
+        return key
 
     @classmethod
     def from_hf(cls, source: str | Path | dict[str, Any]) -> VisionConfig:
