@@ -34,14 +34,14 @@ REQUESTS = [
 ]
 
 
-def _random_encoder(policy: BucketPolicy = POLICY, **kw):
-    """Random fp32 weights drawn in numpy (initializing the Flax modules eagerly compiles dozens of ops)."""
+def _random_encoder(policy: BucketPolicy = POLICY, dtype: str = "float32", **kw):
+    """Random weights drawn in numpy (initializing the Flax modules eagerly compiles dozens of ops)."""
     rng = np.random.default_rng(0)
     shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
     params = jax.tree_util.tree_map_with_path(
         lambda path, s: rng.standard_normal(s.shape, np.float32) * 0.1 + (path[-1].key == "scale"), shapes
     )
-    return vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=policy, **kw)
+    return vitjax.Encoder.from_params(CFG, params, dtype=dtype, buckets=policy, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -491,3 +491,13 @@ def test_default_warmup_compiles_what_encode_sends():
     assert out.grid_thw == (1, 4, 6) and enc.parallel.compiles == 1
     enc.warmup(pixel_dtype="float32", run=False)
     assert enc.parallel.compiles == 2
+
+
+def test_a_warm_up_for_dali_compiles_both_pixel_dtypes_of_buckets_given_once():
+    """Where the default decoder is DALI (a GPU with DALI installed), a bf16 tower's warm-up compiles the float32
+    programs DALI's rows need beside the bf16 ones, also for buckets given as a generator (read once per dtype)."""
+    enc = _random_encoder(dtype="bfloat16")
+    enc.resolve_decoder = lambda decoder="auto": "dali"
+    enc.warmup((b for b in [Bucket(64, 1)]), run=False)
+    dtypes = sorted(key[1].name for key in enc.parallel.engines[0]._executables)
+    assert dtypes == ["bfloat16", "float32"] and enc.parallel.compiles == 2

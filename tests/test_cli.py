@@ -420,6 +420,21 @@ def test_output_has_the_umask_permissions(checkpoint, tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]  # no probe or temporary file left
 
 
+def test_an_output_link_keeps_pointing_at_the_new_file(checkpoint, tmp_path, capsys):
+    """`-o latest.safetensors` that links to a run's file: the file is replaced and the link stays (it was replaced
+    by a regular file, leaving its target stale)."""
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "a.safetensors"
+    target.write_bytes(b"an earlier run")
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(target)
+    options = ["--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-q", "-o", str(link)]
+    assert run(capsys, str(PHOTOS[0]), *options)[0] == 0
+    assert link.is_symlink() and link.resolve() == target
+    assert set(load_file(target)) == {"0.embeds", "0.deepstack"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.safetensors", "runs"]
+
+
 def test_failed_write_leaves_the_old_file_and_no_partial_one(checkpoint, tmp_path, capsys):
     """A real write failure (the file size limit, as a full disk would) after encoding: a clear message, exit 1,
     the previous file under the final name untouched, no temporary file left."""

@@ -55,7 +55,9 @@ def test_pick_devices():
     assert pick_devices("all") == local
     assert pick_devices([local[3], local[1]]) == [local[3], local[1]]
     assert pick_devices(np.int64(2)) == local[:2]  # any integer counts
+    assert pick_devices(local[2]) == [local[2]]  # a device alone (one engine on this GPU)
     bad_ones = [(0, "asked for 0"), (5, "asked for 5"), ("some", "count, 'all'"), ([local[0]] * 2, "distinct")]
+    bad_ones += [(True, "count, 'all', a device or a list of devices, not True"), (2.0, "not 2.0")]
     bad_ones.append(([0, 1], r"devices must be distinct JAX devices, at least one, got \[0, 1\]"))
     for bad, match in bad_ones:
         with pytest.raises(ValueError, match=match):

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -140,6 +141,8 @@ def _check_output(output: str) -> Path:
     """The output path, once a file could be created in its folder (a real probe: permissions, read-only
     file systems and full quotas all show here)."""
     out = Path(output)
+    if out.is_symlink():  # the file it names is replaced, and the link stays (as `vitjax convert` does)
+        out = out.resolve()
     if out.is_dir():
         raise UsageError(f"-o {output}: is a directory")
     if os.path.basename(output) in ("", ".", ".."):  # "new/" or "new/.": Path would drop the ending, and write "new"
@@ -186,18 +189,18 @@ def _check_video_decoder(items: list[tuple[str, object]]) -> None:
 
 def _write_atomic(out: Path, tensors: dict, metadata: dict[str, str]) -> None:
     """Write a temporary file beside `out`, flush it to disk, then rename it: `out` is whole or untouched.
-    The file gets the permissions the user's umask gives new files."""
+    The file gets the permissions the user's umask gives new files: those it trims 0o666 to when the file is created
+    (safetensors writes it 0o600; reading the umask means setting it, for every thread of the process)."""
     from safetensors.numpy import save_file
 
-    umask = os.umask(0)
-    os.umask(umask)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=TEMP_PREFIX, suffix=".tmp")
+    tmp = out.parent / f"{TEMP_PREFIX}{uuid.uuid4().hex}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        os.close(fd)
+        mode = os.stat(tmp).st_mode & 0o777
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, mode)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -192,6 +192,7 @@ class Encoder:
         persistent compilation cache, and run each once; returns seconds per bucket. Executables are per pixel
         dtype: by default those `encode` sends are compiled (its host rows', bfloat16 for a bf16 tower, and
         float32 as well where its default decoder is DALI); `encode_patches` callers name theirs."""
+        buckets = None if buckets is None else list(buckets)  # read once per dtype
         if pixel_dtype is not None:
             dtypes = {np.dtype(pixel_dtype)}
         else:

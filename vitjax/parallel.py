@@ -20,15 +20,17 @@ from vitjax import layout
 from vitjax.buckets import Bucket, Engine
 
 
-def pick_devices(devices: int | str | Sequence[jax.Device] | None) -> list[jax.Device]:
-    """None: the first local device; an int n: the first n local devices; "all": every local device."""
+def pick_devices(devices: int | str | jax.Device | Sequence[jax.Device] | None) -> list[jax.Device]:
+    """None: the first local device; an int n: the first n local devices; "all": every local device; a device."""
     local = jax.local_devices()
     if devices is None:
         return local[:1]
-    if isinstance(devices, str):
-        if devices != "all":
-            raise ValueError(f"devices must be a count, 'all' or a list of devices, not {devices!r}")
+    if isinstance(devices, jax.Device):
+        return [devices]
+    if isinstance(devices, str) and devices == "all":
         return local
+    if isinstance(devices, (str, bool)) or not isinstance(devices, (numbers.Integral, Iterable)):
+        raise ValueError(f"devices must be a count, 'all', a device or a list of devices, not {devices!r}")
     if isinstance(devices, numbers.Integral):
         if not 1 <= devices <= len(local):
             raise ValueError(f"asked for {devices} devices, but this process has {len(local)}: {local}")

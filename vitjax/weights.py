@@ -359,11 +359,11 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
     try:
         save_orbax(staging, cfg, load_hf(source, cfg, progress=progress))
-        if out.exists():
-            out.rename(old)  # the earlier conversion (or an empty folder) goes only once the new one is in place
-        try:
+        try:  # the earlier conversion (or an empty folder) goes only once the new one is in place
+            if out.exists():
+                out.rename(old)
             staging.rename(out)
-        except BaseException:
+        except BaseException:  # an interrupt between the two renames too
             if old.exists():
                 old.rename(out)
             raise
