@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import runpy
@@ -57,8 +58,9 @@ def pop_option(argv: list[str], names: Sequence[str], remove: bool) -> str | Non
     return value
 
 
-def model_architectures(model: str) -> list[str]:
-    """`architectures` of a model directory's config.json (or, for a hub id, transformers' AutoConfig)."""
+def model_architectures(model: str) -> list[str] | None:
+    """`architectures` of a model directory's config.json (or, for a hub id, transformers' AutoConfig); None for an
+    object-storage URI (s3://, gs://, az://: SGLang fetches its config itself, checked on 0.5.23)."""
     config = Path(model) / "config.json"
     if config.is_file():
         try:
@@ -68,6 +70,12 @@ def model_architectures(model: str) -> list[str]:
         return list((found.get("architectures") if isinstance(found, dict) else None) or [])
     if Path(model).exists():
         raise UsageError(f"{model}: no config.json there")
+    from sglang.srt.utils.runai_utils import is_runai_obj_uri
+
+    if is_runai_obj_uri(model):
+        return None
+    if model.startswith(("/", ".", "~")):  # a path, not a hub id: say so, not what the hub makes of it
+        raise UsageError(f"--model-path {model}: no such directory")
     from transformers import AutoConfig
 
     try:
@@ -114,6 +122,19 @@ def gpu_past_the_first(argv: list[str]) -> str | None:
     return f"--base-gpu-id {args.base_gpu_id}" if args.base_gpu_id > 0 else None
 
 
+def check_jax_gpu(device: str | None) -> None:
+    """Where SGLang runs on CUDA GPUs, JAX's CUDA plugin is installed (looked for without starting JAX here: SGLang's
+    processes start it), so a CPU-only JAX is refused now, not in SGLang's processes once they build the model."""
+    import torch
+
+    on_gpus = (device or "cuda").startswith("cuda") and torch.cuda.is_available()
+    if on_gpus and not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in ("13", "12")):
+        raise UsageError(
+            f"{FLAG} jax on CUDA GPUs needs JAX's CUDA build, which is not installed: pip install -e "
+            "'.[sglang,cuda13]' (or cuda12)"
+        )
+
+
 def check_hook() -> None:
     """Import the external packages the way SGLang will, but strictly: SGLang only logs an import error there
     and would silently serve its own torch tower (and skip the request checks). `import_model_classes(...,
@@ -137,12 +158,31 @@ def prepare(argv: Sequence[str]) -> list[str]:
     if choice not in backend.BACKENDS:
         raise UsageError(f"{FLAG} {choice!r}: expected one of {', '.join(backend.BACKENDS)}")
     settings = with_config_file(args)
+    if pop_option(settings, [FLAG], remove=False) is not None:  # only from --config's file: SGLang would refuse it
+        raise UsageError(
+            f"--config: {FLAG[2:]} is the launcher's setting, not SGLang's: give {FLAG} on the command line"
+        )
     if choice == "jax":
+        from sglang.srt.environ import envs
+
+        if envs.SGLANG_RUST_SERVER.get():  # its front end serves only SGLang's own processor classes (0.5.23)
+            raise UsageError(
+                f"SGLANG_RUST_SERVER=1: SGLang's Rust front end does not take the bridge's request checks; unset it "
+                f"to serve with {FLAG} jax"
+            )
+        if "--language-only" in settings:
+            raise UsageError(
+                f"--language-only: a language server runs no vision tower; start it with stock SGLang "
+                f"(python -m sglang.launch_server), and {FLAG} jax on the --encoder-only side"
+            )
         model = pop_option(settings, MODEL_FLAGS, remove=False)
         if model is None:
             raise UsageError("--model-path is required")
         archs = model_architectures(model)
-        if not set(archs) & set(backend.ARCHITECTURES):
+        if archs is None:
+            note = f"{model} is in object storage, where SGLang reads its config: the JAX tower runs if it is Qwen3-VL"
+            print(f"bridge.launch_server: {note}", file=sys.stderr)
+        elif not set(archs) & set(backend.ARCHITECTURES):
             raise UsageError(
                 f"{model}: architectures {archs} is not Qwen3-VL; {FLAG} jax serves "
                 f"{' and '.join(backend.ARCHITECTURES)} ({FLAG} torch runs any model on SGLang's own towers)"
@@ -158,6 +198,7 @@ def prepare(argv: Sequence[str]) -> list[str]:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if choice == "jax":
+        check_jax_gpu(pop_option(settings, ["--device"], remove=False))
         check_hook()
         if backend.preallocates() and (where := gpu_past_the_first(settings)):
             raise UsageError(
@@ -168,8 +209,15 @@ def prepare(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if {"-h", "--help"} & set(argv):  # SGLang's own help, after ours
+        print(f"bridge.launch_server: {FLAG} {{jax,torch}} (default jax), then sglang.launch_server's arguments:\n")
+        pop_option(argv, [FLAG], remove=True)
+        sys.argv = [sys.argv[0], *argv]
+        runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+        return
     try:
-        args = prepare(sys.argv[1:] if argv is None else argv)
+        args = prepare(argv)
     except UsageError as e:
         print(f"bridge.launch_server: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -40,7 +40,11 @@ def jax_device(device: torch.device) -> jax.Device:
     index = torch.cuda.current_device() if device.index is None else device.index
     if not jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001 (checked on JAX 0.10.2 and 0.11.2)
         _open_gpus(index)
-    gpus = jax.devices("gpu")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError as e:  # a CPU-only JAX, or a CUDA plugin that cannot start
+        hint = "JAX's CUDA build: vitjax[cuda13] or vitjax[cuda12]"
+        raise RuntimeError(f"the JAX tower on {device} finds no GPU in JAX (it needs {hint}): {e}") from e
     found = [d for d in gpus if d.local_hardware_id == index]
     if not found:
         raise RuntimeError(f"torch device {device} has no JAX counterpart among {gpus}")
@@ -89,6 +93,8 @@ class JaxVisionTower(nn.Module):
             device = device or torch_device(encoder.parallel.engines[0].devices[0])
             dtype = dtype or getattr(torch, encoder.dtype.name)
         self._anchor = nn.Parameter(torch.empty(0, device=device, dtype=dtype), requires_grad=False)
+        # Found now, when SGLang builds the model: a JAX without its CUDA plugin fails here, not after the checkpoint.
+        self._jax_device = encoder.parallel.engines[0].devices[0] if encoder is not None else jax_device(self.device)
         self.config = config
         self.encoder = encoder
         self.spatial_merge_size = config.spatial_merge_size
@@ -130,7 +136,7 @@ class JaxVisionTower(nn.Module):
 
     def _serving(self, kw: dict) -> dict:
         """Encoder settings for serving inside SGLang, unless given."""
-        kw.setdefault("devices", [jax_device(self.device)])
+        kw.setdefault("devices", [self._jax_device])
         kw.setdefault("cache_bytes", 0)  # SGLang keeps its own per-image cache
         kw.setdefault("buckets", backend.bucket_policy())
         return kw
@@ -176,10 +182,15 @@ class JaxVisionTower(nn.Module):
             return features
 
     def _on_device(self) -> contextlib.AbstractContextManager:
-        """torch's current CUDA device set to the tower's around JAX work and given back after: JAX may leave the CUDA
+        """JAX's default device and torch's current CUDA device set to the tower's around JAX work, and given back
+        after. JAX's, so that random weights are drawn there, not on GPU 0. Torch's, because JAX may leave the CUDA
         runtime on another GPU (a tower on cuda:1 found torch on cuda:0 after loading; 2 x H100, JAX 0.11.2), and
         torch reads it (DLPack export, and SGLang's own work after the tower)."""
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(jax.default_device(self._jax_device))
+        if self.device.type == "cuda":
+            stack.enter_context(torch.cuda.device(self.device))
+        return stack
 
     def _ready(self) -> vitjax.Encoder:
         if self.encoder is None:

@@ -81,11 +81,10 @@ def main(spec_file: str, out_file: str) -> None:
                 continue
             images = request.get("images") or None
             if "processor_output" in request:  # pixel rows as given, bypassing SGLang's image processor
-                rows, grid = request["processor_output"]
+                rows, grid = request["processor_output"]  # grid None: none given
                 pixels = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(0))
-                images = [
-                    {"format": "processor_output", "pixel_values": pixels, "image_grid_thw": torch.tensor([grid])}
-                ]
+                item = {"format": "processor_output", "pixel_values": pixels}
+                images = [item if grid is None else {**item, "image_grid_thw": torch.tensor([grid])}]
             try:
                 out = engine.generate(
                     prompt=request["prompt"],

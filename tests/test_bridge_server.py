@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+import torch
 from conftest import TINY
 from qwen3vl_checkpoint import build
 from sglang_server import server
@@ -185,10 +186,38 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
     monkeypatch.setenv(backend.FIT_GRANULE_ENV, "6")  # read only after the language model loads: checked here
     with pytest.raises(UsageError, match=r"VITJAX_FIT_GRANULE='6': expected 0 \(off\) or a multiple of 4 tokens"):
         prepare(["--model-path", str(moe)])
+    monkeypatch.delenv(backend.FIT_GRANULE_ENV)
+    # A path that is not there is no hub id; object storage SGLang reads itself (its config is not checked here).
+    with pytest.raises(UsageError, match=rf"^--model-path {tmp_path / 'Qwen3-VL-8B-Instrcut'}: no such directory$"):
+        prepare(["--model-path", str(tmp_path / "Qwen3-VL-8B-Instrcut")])
+    assert prepare(["--model-path", "s3://models/qwen3-vl"]) == ["--model-path", "s3://models/qwen3-vl"]
+    model = ["--model-path", str(moe)]
+    # Settings the jax backend cannot serve with, refused before SGLang starts.
+    (tmp_path / "backend.yaml").write_text(f"model-path: {moe}\nmm-encoder-backend: torch\n")
+    with pytest.raises(UsageError, match=r"^--config: mm-encoder-backend is the launcher's setting, not SGLang's"):
+        prepare(["--config", str(tmp_path / "backend.yaml")])
+    with pytest.raises(UsageError, match=r"^--language-only: a language server runs no vision tower; start it with"):
+        prepare(["--model-path", str(moe), "--language-only", "--encoder-urls", "http://127.0.0.1:1"])
+    monkeypatch.setenv("SGLANG_RUST_SERVER", "1")
+    with pytest.raises(UsageError, match=r"^SGLANG_RUST_SERVER=1: SGLang's Rust front end does not take the bridge's"):
+        prepare(["--model-path", str(moe)])
+    monkeypatch.delenv("SGLANG_RUST_SERVER")
+    # A CPU-only JAX where SGLang runs on CUDA GPUs (this machine has none: torch is told it has).
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.raises(UsageError, match=r"^--mm-encoder-backend jax on CUDA GPUs needs JAX's CUDA build"):
+            prepare(["--model-path", str(moe)])
+        assert prepare([*model, "--device", "cpu"]) == [*model, "--device", "cpu"]
     # The same refusal from the command line: exit 2 and one line, before SGLang starts.
     proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--model-path", str(other)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith("bridge.launch_server: error:"), proc.stderr
+    # --help is SGLang's, after the launcher's own line.
+    proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--help"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("bridge.launch_server: --mm-encoder-backend {jax,torch} (default jax), then")
+    assert "--model-path" in proc.stdout and "--mem-fraction-static" in proc.stdout
 
 
 def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(moe, monkeypatch):

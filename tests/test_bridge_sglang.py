@@ -55,14 +55,15 @@ AFTER_UPDATE = [
 ]
 
 
-# Pixel rows given directly (SGLang's processor_output format) that do not fit their grid or their prompt, then rows
-# that do: sent to the bridge's engine after the others (in stock SGLang 0.5.23 each of the three takes the whole
-# server down from inside the scheduler). The last one's grid, 4x4 patches, is no other request's.
+# Pixel rows given directly (SGLang's processor_output format) that do not fit their grid or their prompt, or come
+# without a grid, then rows that do: sent to the bridge's engine after the others (in stock SGLang 0.5.23 each of the
+# four takes the whole server down from inside the scheduler). The last one's grid, 4x4 patches, is no other request's.
 FOUR_PADS = "<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>x<|im_end|>\n"
 BAD_ROWS = [
     {"prompt": FOUR_PADS, "processor_output": [12, [1, 4, 4]]},
     {"prompt": FOUR_PADS, "processor_output": [12, [1, 3, 4]]},
     {"prompt": user_prompt(1, "x"), "processor_output": [16, [1, 4, 4]]},
+    {"prompt": FOUR_PADS, "processor_output": [16, None]},
     {"prompt": FOUR_PADS, "processor_output": [16, [1, 4, 4]]},
 ]
 
@@ -202,13 +203,14 @@ def test_engine_with_bridge_equals_stock_sglang_on_a_video(runs):
 
 
 def test_rows_that_do_not_fit_their_grid_fail_their_own_request_only(runs):
-    """Pixel rows given directly that do not fit their grid or their prompt are refused in the tokenizer process with
-    vitjax's message, and the engine serves the next request (`BAD_ROWS`)."""
+    """Pixel rows given directly that do not fit their grid or their prompt, or have no grid, are refused in the
+    tokenizer process with vitjax's message, and the engine serves the next request (`BAD_ROWS`)."""
     _, _, (got, calls) = runs
     assert got[0]["error"].endswith("image 0: pixel_values has shape [12, 1536], but grid_thw needs [16, 1536]")
     assert got[1]["error"].endswith("image 0: grid_thw rows [[1, 3, 4]] must be positive with h and w divisible by 2")
     assert got[2]["error"].endswith(
         "image 0: the prompt has 1 placeholder tokens for it, but its grid [(1, 4, 4)] makes 4"
     )
-    assert "error" not in got[3] and len(got[3]["tokens"]) == 4
+    assert got[3]["error"].endswith("image 0: pixel rows without image_grid_thw")  # SGLang's scheduler would fail
+    assert "error" not in got[4] and len(got[4]["tokens"]) == 4
     assert [c["grid_thw"] for c in calls] == [[[1, 4, 4]]]  # the refused ones never reached the tower

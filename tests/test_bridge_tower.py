@@ -84,6 +84,39 @@ def test_tower_loads_sglang_style_named_weights_and_runs_bf16():
     assert cos > 0.999, cos
 
 
+def test_vision_tensors_a_loader_yields_in_reused_memory_are_kept_whole():
+    """SGLang's `--load-format runai_streamer` yields each tensor in memory it reuses for the next one: the model's
+    `load_weights` keeps the vision tensors until the language model's are loaded, so it must keep copies."""
+    from bridge.sglang_models.qwen3_vl import _VitjaxTower
+
+    class LanguageModel:  # SGLang's class, as far as `load_weights` goes: it takes the other tensors
+        def load_weights(self, weights):
+            self.language = [name for name, _ in weights]
+
+    class Model(_VitjaxTower, LanguageModel):
+        pass
+
+    cfg = TINY["hd64"]
+    hf = hf_full_model(cfg, seed=4)
+    state = hf.state_dict()
+    buffer = torch.empty(max(t.numel() for t in state.values()))
+
+    def streamed():
+        for name, tensor in state.items():
+            view = buffer[: tensor.numel()].view(tensor.shape)
+            view.copy_(tensor)
+            yield name, view
+
+    model = Model.__new__(Model)  # SGLang's constructor is not needed here
+    model.visual = bridge.JaxVisionTower(config=cfg, device="cpu", dtype=torch.float32)
+    model._vitjax_model_id = "streamed"
+    model.load_weights(streamed())
+    assert model.language == [name for name in state if not name.startswith("model.visual.")]
+    pixels = pixels_for(GRIDS, cfg)
+    out = model.visual(torch.from_numpy(pixels), torch.tensor(GRIDS))
+    assert_close_to_scale(out.numpy(), hf_outputs(hf.model.visual, pixels, GRIDS))
+
+
 def test_a_later_load_updates_the_given_tensors_in_place(tiny):
     """SGLang's weight updates reach the tower as loads of some of its tensors: those change, the rest keep
     their values, nothing is compiled again, and a bad tensor leaves the tower as it was."""

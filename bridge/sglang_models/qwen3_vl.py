@@ -75,6 +75,13 @@ class _VitjaxTower:
             return
         with _jax_tower_in_place_of_sglangs():
             super().__init__(config, *args, **kwargs)
+        if self.visual is not None and not self._vitjax():  # SGLang built its tower some other way than checked
+            import sglang
+
+            raise RuntimeError(
+                f"vitjax: SGLang {sglang.__version__} built its own vision tower where the bridge puts the JAX one "
+                "(checked on sglang 0.5.23); serve with SGLang 0.5.23, or with --mm-encoder-backend torch"
+            )
         self._vitjax_model_id = getattr(config, "_name_or_path", "") or "sglang"
         if self.visual is not None:
             logger.info("vitjax: the vision tower runs in JAX (%s)", self.visual.extra_repr())
@@ -93,8 +100,9 @@ class _VitjaxTower:
 
         def language(pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in pairs:
-                if name.startswith(VISUAL_PREFIXES):
-                    visual.append((hf_visual_name(name), to_numpy(tensor)))
+                if name.startswith(VISUAL_PREFIXES):  # kept past its yield: copied, since a loader may reuse its
+                    # memory for the next tensor (--load-format runai_streamer does; SGLang 0.5.23 copies there too)
+                    visual.append((hf_visual_name(name), to_numpy(tensor).copy()))
                 else:
                     yield name, tensor
 

@@ -4,7 +4,9 @@ In SGLang 0.5.23 an error inside the scheduler's forward (a tower call with pixe
 their grid, or embeddings that do not fit the prompt's placeholders) takes the whole server down. Here,
 in the tokenizer process, the same mismatch is an error for its own request: the grid must be valid, the
 pixel rows exactly t*h*w, and the placeholder span exactly t*h*w/4 tokens (vitjax's own check). The
-hook is `process_and_combine_mm_data_async` and the items' fields it reads (checked on sglang 0.5.23).
+hook is `_postprocess_mm_items_before_transport`, where every path (images SGLang processed, `processor_output`
+rows) has its per-image items with offsets, and features are still tensors: after it, SGLang may wrap them as
+CUDA-IPC handles, which have no shape (checked on sglang 0.5.23, as the items' fields it reads).
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from vitjax.layout import check_patches
 
 
 def check_items(items: list, patch_dim: int, merge: int) -> None:
-    """Raise ValueError naming the first item whose pixel rows, grid or placeholder span do not fit."""
+    """Raise ValueError naming the first image or video item whose pixel rows, grid or placeholder span do not fit."""
     for i, item in enumerate(items):
-        grid = item.model_specific_data.get(f"{item.modality.name.lower()}_grid_thw")
+        modality = item.modality.name.lower()
         shape = getattr(item.feature, "shape", None)
-        if grid is None or shape is None or item.precomputed_embeddings is not None:
-            continue  # not pixel rows (precomputed embeddings, audio) or a transport handle
-        where = f"{item.modality.name.lower()} {i}"
+        if modality not in ("image", "video") or shape is None or item.precomputed_embeddings is not None:
+            continue  # no pixel rows: audio, or embeddings computed elsewhere (SGLang's encoder server)
+        where = f"{modality} {i}"
+        grid = item.model_specific_data.get(f"{modality}_grid_thw")
+        if grid is None:  # SGLang would find none when the tower is called, in the scheduler
+            raise ValueError(f"{where}: pixel rows without {modality}_grid_thw")
         try:
             grids = check_patches(tuple(shape), grid.tolist() if hasattr(grid, "tolist") else grid, patch_dim, merge)
         except ValueError as e:
@@ -37,9 +42,9 @@ def check_items(items: list, patch_dim: int, merge: int) -> None:
 class QwenVLImageProcessor(_SGLangProcessor):
     models = [Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration]
 
-    async def process_and_combine_mm_data_async(self, base_output, mm_tokens, **kwargs):
-        items, input_ids, ret = await super().process_and_combine_mm_data_async(base_output, mm_tokens, **kwargs)
+    def _postprocess_mm_items_before_transport(self, mm_items, **kwargs):
+        mm_items = super()._postprocess_mm_items_before_transport(mm_items, **kwargs)
         vision = self.hf_config.vision_config
         patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-        check_items(items, patch_dim, vision.spatial_merge_size)
-        return items, input_ids, ret
+        check_items(mm_items, patch_dim, vision.spatial_merge_size)
+        return mm_items
