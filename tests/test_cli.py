@@ -286,6 +286,31 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
     assert load_file(out)["0.embeds"].shape[1] == enc.cfg.out_hidden_size
 
 
+def test_inputs_go_in_chunks_and_come_back_in_their_slots(checkpoint, tmp_path, capsys, monkeypatch):
+    """The encoder gets the inputs a chunk at a time, sized by the embeddings' bytes so far (each chunk's go to the
+    host while the next one runs, so the device holds two chunks' at most); each input lands in its own slot."""
+    monkeypatch.setattr(cli, "FIRST_CHUNK", 2)
+    monkeypatch.setattr(cli, "CHUNK_BYTES", 1)  # then one input a chunk
+    chunks, encode = [], vitjax.Encoder.encode
+    monkeypatch.setattr(
+        vitjax.Encoder, "encode", lambda self, images, **kw: chunks.append(len(images)) or encode(self, images, **kw)
+    )
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"\xff\xd8 not a JPEG")
+    inputs = [*map(str, PHOTOS[:2]), str(corrupt), *map(str, PHOTOS[2:4])]
+    out = tmp_path / "out.safetensors"
+    common = ["--model", str(checkpoint), "--dtype", "float32", "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
+    code, _, err = run(capsys, *inputs, *common)
+    assert code == 1 and f"vitjax: error: {corrupt}: " in err and "wrote 4 of 5 images" in err
+    assert chunks == [2, 1, 1, 1]
+    tensors = load_file(out)
+    assert sorted(tensors) == [f"{i}.{k}" for i in (0, 1, 3, 4) for k in ("deepstack", "embeds")]
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    for i, photo in zip((0, 1, 3, 4), PHOTOS[:4], strict=True):
+        (alone,) = enc.encode([photo], max_pixels=MAX_PIXELS)
+        np.testing.assert_allclose(tensors[f"{i}.embeds"], np.asarray(alone.embeds), rtol=1e-5, atol=1e-5)
+
+
 def test_files_from_takes_any_file_name_one_per_line(checkpoint, tmp_path, capsys, monkeypatch):
     """Names with line-separator characters other than a newline, bytes that are not UTF-8, and a name that starts
     with "data:" (a file here, not a data URI), from a file and from standard input."""

@@ -64,6 +64,23 @@ def test_pick_devices():
             pick_devices(bad)
 
 
+def test_device_settings_are_refused_before_the_checkpoint_is_read(checkpoint, monkeypatch):
+    """Devices, their sequence-parallel groups and the buckets' fit to them: refused by name before the weights are
+    read (for a real tower, a gigabyte or more)."""
+    reads = []
+    monkeypatch.setattr(vitjax.weights, "load_orbax", lambda *a, **kw: reads.append(a))
+    odd_buckets = BucketPolicy(tokens=(68,), segments=(1,), granule=4, fit_granule=0)
+    bad_ones = [
+        ({"devices": 3, "sequence_parallel": 2}, "sequence_parallel=2 does not divide the 3 devices"),
+        ({"devices": 9}, "asked for 9 devices, but this process has 4"),
+        ({"devices": 2, "sequence_parallel": 2, "buckets": odd_buckets}, r"must be multiples of 8 to split"),
+    ]
+    for settings, match in bad_ones:
+        with pytest.raises(ValueError, match=match):
+            vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", **settings)
+    assert reads == []
+
+
 def _random_params(cfg):
     rng = np.random.default_rng(0)
     shapes = nnx.to_pure_dict(nnx.state(abstract_tower(cfg, jnp.float32)))

@@ -40,7 +40,7 @@ def untouched():
         ({"max_pixels": 2**40, "pixel_limit": 2**40}, "max_pixels", "a call of 4294967296 patches needs 12288.0 GiB"),
         ({"batch_tokens": True}, "batch_tokens", "must be an integer"),
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
-        ({"progress": "yes"}, "progress", "must be True or False"),
+        ({"progress": "yes"}, "progress", "must be True, False or a tqdm bar"),
         ({"decoder": "nvjpeg"}, "decoder", "must be one of 'auto', 'pil', 'dali'"),
         ({"num_frames": 0}, "num_frames", "must be an integer from 2 (one temporal patch) to 768 (HF's max_frames)"),
         ({"num_frames": 1}, "num_frames", "must be an integer from 2 (one temporal patch)"),  # would fail every video

@@ -127,6 +127,16 @@ class BucketPolicy:
         if self.fit_granule < 0 or self.fit_granule % 4:
             raise ValueError(f"fit_granule must be 0 (off) or a multiple of 4, got {self.fit_granule}")
 
+    def check_group(self, devices: int) -> None:
+        """Refuse sizes that do not split over a sequence-parallel group of `devices` in whole 2x2 merge groups
+        (else a call would fail once it is sized)."""
+        if any(t % (4 * devices) for t in (*self.tokens, self.granule, self.fit_granule)):
+            raise ValueError(
+                f"bucket tokens {self.tokens}, granule {self.granule} and fit_granule {self.fit_granule} must be "
+                f"multiples of {4 * devices} to split in whole 2x2 merge groups over a sequence-parallel group of "
+                f"{devices} devices"
+            )
+
     def fit(self, tokens: int, segments: int) -> Bucket:
         """The smallest bucket holding a call; a dedicated one past the ladders."""
         i = bisect.bisect_left(self.tokens, tokens)
@@ -239,12 +249,7 @@ class Engine:
         self.policy = policy or BucketPolicy()
         self.devices = list(devices or jax.local_devices()[:1])
         n = len(self.devices)  # `parallel.device_groups` made it divide the heads
-        p = self.policy
-        if any(t % (4 * n) for t in (*p.tokens, p.granule, p.fit_granule)):  # else a call fails once it is sized
-            raise ValueError(
-                f"bucket tokens {p.tokens}, granule {p.granule} and fit_granule {p.fit_granule} must be multiples "
-                f"of {4 * n} to split in whole 2x2 merge groups over a sequence-parallel group of {n} devices"
-            )
+        self.policy.check_group(n)
         if n == 1:
             self._mesh = None
             self._split = self._whole = jax.sharding.SingleDeviceSharding(self.devices[0])

@@ -46,6 +46,11 @@ EXIT_CODES = """exit status:
 # Of the probe and temporary files beside the output: fixed and short, as one built from the output's name would pass
 # the 255-byte limit on a file name before the output's name does.
 TEMP_PREFIX = ".vitjax-"
+# Inputs go to the encoder a chunk at a time, and a chunk's embeddings are copied to the host while the device runs
+# the next one, so the device holds at most two chunks' (all of a folder's would not fit: a 12 MP photo's are
+# 366 MiB on the 8B tower). A chunk is as many inputs as made about CHUNK_BYTES of embeddings each, so far.
+CHUNK_BYTES = 8 << 30
+FIRST_CHUNK = 16
 
 
 class UsageError(Exception):
@@ -340,28 +345,37 @@ def _run_encoder(
             say(f"using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless")
     except (CheckpointError, OSError) as e:
         raise UsageError(f"--model {args.model}: {e}") from e
+    from tqdm.auto import tqdm
+
     decoder = enc.resolve_decoder(settings.decoder)
-    encoded = enc.encode(
-        [source for _, source in items],  # paths, named by themselves
+    sources = [source for _, source in items]  # paths, named by themselves
+    options = dict(
         min_pixels=settings.min_pixels,
         max_pixels=settings.max_pixels,
         pixel_limit=settings.pixel_limit,
         batch_tokens=settings.batch_tokens,
         errors="return",
-        progress=not args.quiet,
         decoder=decoder,
         video_min_pixels=settings.video_min_pixels,
         video_max_pixels=settings.video_max_pixels,
         fps=settings.fps,
         num_frames=settings.num_frames,
     )
-    results = []
-    for res in encoded:
-        if isinstance(res, ImageInputError):
-            print(f"vitjax: error: {res}", file=sys.stderr)
-            results.append(res)
-        else:
-            results.append(_Written(res, cfg.out_hidden_size))
+    results, held, start, size, seen, seen_bytes = [], [], 0, FIRST_CHUNK, 0, 0
+    with tqdm(total=len(sources), desc="encoding", unit="input", disable=args.quiet) as bar:
+        while held or start < len(sources):
+            chunk = enc.encode(sources[start : start + size], progress=bar, **options) if start < len(sources) else []
+            start += size
+            for res in held:  # the chunk before, to the host while the device runs this one
+                if isinstance(res, ImageInputError):
+                    print(f"vitjax: error: {res}", file=sys.stderr)
+                    results.append(res)
+                else:
+                    results.append(_Written(res, cfg.out_hidden_size))
+            held = chunk
+            encoded = [res.features.nbytes for res in chunk if not isinstance(res, ImageInputError)]
+            seen, seen_bytes = seen + len(encoded), seen_bytes + sum(encoded)
+            size = max(1, CHUNK_BYTES * seen // seen_bytes) if seen_bytes else FIRST_CHUNK
     return results, decoder
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -129,7 +130,7 @@ class Encoder:
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
         """Build from a nested parameter dict (as `weights.load_hf` returns), cast to `dtype`."""
         dtype = tower_dtype(dtype)
-        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any copy
+        _check_settings(cfg, dtype, kw)
         weights.check_params(params, cfg, "from_params")
         model = abstract_tower(cfg, dtype)
         state = nnx.state(model)
@@ -160,7 +161,7 @@ class Encoder:
     def from_pretrained(cls, path: str | Path, dtype: str = "bfloat16", progress: bool = False, **kw) -> Encoder:
         """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""
         dtype = tower_dtype(dtype)
-        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
+        _check_settings(VisionConfig.from_hf(path), dtype, kw)  # config.json, in either kind of folder
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
         else:
@@ -173,7 +174,7 @@ class Encoder:
         """Random weights (smoke runs and benchmarks); `cfg` may be a preset name."""
         cfg = VisionConfig.preset(cfg) if isinstance(cfg, str) else cfg
         dtype = tower_dtype(dtype)
-        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any draw
+        _check_settings(cfg, dtype, kw)
         kw.setdefault("model_id", f"random:{seed}:{cfg}")
         return cls(cfg, VisionTower(cfg, dtype=dtype, rngs=nnx.Rngs(seed)), **kw)
 
@@ -233,7 +234,7 @@ class Encoder:
         pixel_limit: int = PIXEL_LIMIT,
         batch_tokens: int | None = None,
         errors: str = "raise",
-        progress: bool = False,
+        progress: bool | tqdm = False,
         decoder: str = "auto",
         video_min_pixels: int = VIDEO_MIN_PIXELS,
         video_max_pixels: int = VIDEO_MAX_PIXELS,
@@ -258,7 +259,8 @@ class Encoder:
         waited for; duplicates within a request are encoded once. Every setting is checked first
         (`vitjax.settings`: a `SettingError` names it). With `errors="return"` a bad input yields its
         `ImageInputError` in its slot and the rest are still encoded; with "raise" the first is raised, after
-        the others are encoded and cached. `decoder` picks the decode backend (see `resolve_decoder`); each
+        the others are encoded and cached. `progress` shows a bar, or advances a caller's tqdm bar once an input
+        (one bar over several calls). `decoder` picks the decode backend (see `resolve_decoder`); each
         result's `decoder` says which one made its pixels.
         """
         video = {"video_min_pixels": video_min_pixels, "video_max_pixels": video_max_pixels}
@@ -275,14 +277,15 @@ class Encoder:
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
         found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key
         claimed: set[tuple] = set()  # cache keys this call must put or abandon
-        bar = tqdm(total=len(items), desc="encoding", unit="input", disable=not progress)
+        given = isinstance(progress, tqdm)
+        bar = progress if given else tqdm(total=len(items), desc="encoding", unit="input", disable=not progress)
         lock = threading.Lock()  # the bar advances from the workers too, as each image's rows are made
 
         def advance() -> None:
             with lock:
                 bar.update()
 
-        with Pipeline(self.cfg, **options) as pipe, bar:
+        with Pipeline(self.cfg, **options) as pipe, contextlib.nullcontext() if given else bar:
             try:
                 open_batches: dict[bool, Batch] = {}  # host rows (PIL, videos) or DALI's, filled side by side
                 in_flight = deque()
@@ -372,6 +375,14 @@ class Encoder:
                 kept = jax.device_put(out, out.sharding, may_alias=False) if stored else out
                 self.cache.put(key, (item.grid, kept))
             claimed.discard(key)  # only now: until it is put or abandoned, a failure must still abandon it
+
+
+def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> None:
+    """Refuse an encoder's settings (`Encoder.__init__`'s keywords) before any weight is read, drawn or copied: the
+    attention path against the dtype, the devices and their sequence-parallel groups, the buckets against those."""
+    named_implementation(kw.get("attention"), dtype)
+    groups = device_groups(pick_devices(kw.get("devices")), kw.get("sequence_parallel", 1), cfg.num_heads)
+    (kw.get("buckets") or BucketPolicy()).check_group(len(groups[0]))
 
 
 def _settled(value: object) -> object:

@@ -10,6 +10,8 @@ import math
 import os
 from dataclasses import dataclass, replace
 
+from tqdm import tqdm
+
 from vitjax.checks import is_int, is_positive
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
@@ -48,7 +50,7 @@ class EncodeSettings:
     pixel_limit: int = PIXEL_LIMIT
     batch_tokens: int | None = None
     errors: str = "raise"
-    progress: bool = False
+    progress: bool | tqdm = False
     decoder: str = "auto"
     video_min_pixels: int = VIDEO_MIN_PIXELS
     video_max_pixels: int = VIDEO_MAX_PIXELS
@@ -98,8 +100,8 @@ class EncodeSettings:
             raise SettingError("errors", self.errors, f"must be one of {', '.join(map(repr, ERRORS))}")
         if self.decoder not in DECODERS:
             raise SettingError("decoder", self.decoder, f"must be one of {', '.join(map(repr, DECODERS))}")
-        if not isinstance(self.progress, bool):
-            raise SettingError("progress", self.progress, "must be True or False")
+        if not isinstance(self.progress, (bool, tqdm)):
+            raise SettingError("progress", self.progress, "must be True, False or a tqdm bar")
         batch_tokens = BATCH_TOKENS if self.batch_tokens is None else self.batch_tokens
         largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows: a call of its own
         call = max(batch_tokens, largest)
