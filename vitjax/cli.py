@@ -48,9 +48,10 @@ EXIT_CODES = """exit status:
 TEMP_PREFIX = ".vitjax-"
 # Inputs go to the encoder a chunk at a time, and a chunk's embeddings are copied to the host while the device runs
 # the next one, so the device holds at most two chunks' (all of a folder's would not fit: a 12 MP photo's are
-# 366 MiB on the 8B tower). A chunk is as many inputs as made about CHUNK_BYTES of embeddings each, so far.
+# 366 MiB on the 8B tower). A chunk is as many inputs as made about CHUNK_BYTES of embeddings each, so far; the
+# first is FIRST_CHUNK inputs (the 20 photos of the benchmarks in one, as before; at most 16 GiB on the 8B tower).
 CHUNK_BYTES = 8 << 30
-FIRST_CHUNK = 16
+FIRST_CHUNK = 32
 
 
 class UsageError(Exception):
