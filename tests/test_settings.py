@@ -39,6 +39,11 @@ def untouched():
         ({"batch_tokens": 10**12}, "batch_tokens", "a call of 1000000000000 patches needs 2861022.9 GiB of pixel rows"),
         ({"max_pixels": 2**40, "pixel_limit": 2**40}, "max_pixels", "a call of 4294967296 patches needs 12288.0 GiB"),
         ({"batch_tokens": True}, "batch_tokens", "must be an integer"),
+        (  # every frame keeps 1.05 x video_min_pixels
+            {"video_min_pixels": 2**40, "video_max_pixels": 2**40, "pixel_limit": 2**40},
+            "video_min_pixels",
+            "a clip of 768 frames keeps at least 1154487209164 pixels a frame: 4954521.6 GiB of pixel rows",
+        ),
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True, False or a tqdm bar"),
         ({"decoder": "nvjpeg"}, "decoder", "must be one of 'auto', 'pil', 'dali'"),

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from vitjax.checks import is_int, is_positive
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
+from vitjax.preprocess import MAX_PIXELS, MAX_VIDEO_TOKENS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.video import MAX_FRAMES
 
 # Patches per tower call when encoding images (an image or video of more is a call of its own). With today's tower
@@ -113,6 +113,18 @@ class EncodeSettings:
                 getattr(self, setting),
                 f"a call of {call} patches needs {rows / 2**30:.1f} GiB of pixel rows, more than this "
                 f"machine's {memory / 2**30:.1f} GiB of memory",
+            )
+        # A video's frames share video_max_pixels, but each keeps at least 1.05 x video_min_pixels (HF's per-frame
+        # floor), so a raised video_min_pixels makes a long clip's rows far more than video_max_pixels allows.
+        floor = int(self.video_min_pixels * 1.05)
+        per_frame = max(min(MAX_VIDEO_TOKENS * window, self.video_max_pixels // MAX_FRAMES), floor)
+        clip = MAX_FRAMES * per_frame // (patch_area * cfg.temporal_patch_size) * cfg.patch_dim * 2
+        if clip > memory:
+            raise SettingError(
+                "video_min_pixels",
+                self.video_min_pixels,
+                f"a clip of {MAX_FRAMES} frames keeps at least {floor} pixels a frame: {clip / 2**30:.1f} GiB of pixel "
+                f"rows, more than this machine's {memory / 2**30:.1f} GiB of memory",
             )
         return replace(self, batch_tokens=batch_tokens)
 
