@@ -1,6 +1,6 @@
 """Videos: vitjax.preprocess_video is bit-identical to HF transformers' Qwen3VLVideoProcessor (built locally with
-its defaults), frame sampling and PyAV decoding equal HF's, and the tower's fp32 output on video pixel rows
-equals HF's Qwen3VLVisionModel.
+its defaults), frame sampling and the frames of a file equal HF's (its processor given the path decodes with
+torchcodec, as SGLang does), and the tower's fp32 output on video pixel rows equals HF's Qwen3VLVisionModel.
 
 HF resizes video frames with torchvision (PyTorch's uint8 antialiased bicubic), not PIL; `vitjax.resize`
 repeats PyTorch's integer arithmetic, so the rows are compared bit for bit (PIL's resize would be off by up to
@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import shutil
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -46,6 +47,26 @@ def hf_processor(cap: bool = True) -> Qwen3VLVideoProcessor:
 
 def run_hf(frames, cap: bool = True, **kw) -> tuple[np.ndarray, np.ndarray]:
     out = hf_processor(cap)(videos=[frames], return_tensors="np", **{"do_sample_frames": False, **kw})
+    return out["pixel_values_videos"], out["video_grid_thw"]
+
+
+def torchcodec_runs() -> bool:
+    """HF's processor given a path decodes it with torchcodec, which needs FFmpeg's shared libraries (apt: ffmpeg)."""
+    try:
+        from torchcodec import _core
+
+        _core.get_ffmpeg_library_versions()
+    except Exception:
+        return False
+    return True
+
+
+def hf_on_path(path: Path, **sampling) -> tuple[np.ndarray, np.ndarray]:
+    """HF's processor given the file itself (sampling with its own `sample_frames`, at 2 fps by default)."""
+    if not torchcodec_runs():
+        pytest.skip("HF's processor reads video files with torchcodec, which needs FFmpeg's libraries (apt: ffmpeg)")
+    explicit = {"fps": None} if "num_frames" in sampling else {}  # else HF adds its default fps, and refuses both
+    out = hf_processor()(videos=[str(path)], return_tensors="np", do_sample_frames=True, **explicit, **sampling)
     return out["pixel_values_videos"], out["video_grid_thw"]
 
 
@@ -194,24 +215,69 @@ def clip_file(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("sampling", [{}, {"fps": 4.0}, {"num_frames": 6}, {"num_frames": 60}])
 def test_video_file_equals_hf(clip_file, sampling):
-    """HF decodes with its PyAV backend and samples with the processor's own `sample_frames`."""
-    proc = hf_processor()
-    hf_fn = functools.partial(proc.sample_frames, fps=sampling.get("fps"), num_frames=sampling.get("num_frames"))
-    if not sampling:
-        hf_fn = proc.sample_frames  # fps 2 by default
-    frames, _ = load_video(str(clip_file), backend="pyav", sample_indices_fn=hf_fn)
-    ref = run_hf(frames)
+    """HF's processor given the path; 60 frames of a 40-frame clip repeat some (HF's PyAV reader would drop them)."""
+    ref = hf_on_path(clip_file, **sampling)
     assert_same(preprocess_video(clip_file, **sampling), ref)
     assert_same(preprocess_video(Video(str(clip_file), **sampling)), ref)
     if not sampling:
         assert ref[1][0, 0] == 3  # 5 frames -> 3 temporal groups, the last frame repeated
+    if sampling == {"num_frames": 60}:
+        assert ref[1][0, 0] == 30
+
+
+@pytest.mark.parametrize("sampling", [{}, {"fps": 4.0}])
+def test_a_constant_rate_file_equals_hfs_pyav_reader(clip_file, sampling):
+    """Where torchcodec does not run: HF's PyAV reader takes the same frames of a constant-rate file."""
+    hf_fn = functools.partial(hf_processor().sample_frames, fps=sampling.get("fps"))
+    frames, _ = load_video(str(clip_file), backend="pyav", sample_indices_fn=hf_fn)
+    assert_same(preprocess_video(clip_file, **sampling), run_hf(frames))
+
+
+def write_timed_clip(path: Path, frames: np.ndarray, pts_ms: np.ndarray, rotation: int = 0) -> Path:
+    """A clip with the given presentation times (ms), and a display rotation as phones write portrait video."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        stream.codec_context.time_base = stream.time_base = Fraction(1, 1000)
+        if rotation:
+            stream.set_display_rotation(rotation)
+        for frame, t in zip(frames, pts_ms, strict=True):
+            picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            picture.pts, picture.time_base = int(t), Fraction(1, 1000)
+            container.mux(stream.encode(picture))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])
+def test_a_variable_rate_file_equals_hf(tmp_path, sampling):
+    """30 frames a second, then 5: the rate HF samples by is the frames over their span (as torchcodec scans it),
+    not the container's average, which would sample other frames."""
+    pts = np.cumsum(np.r_[0, np.where(np.arange(59) < 30, 33, 200)])
+    path = write_timed_clip(tmp_path / "vfr.mp4", panned_clip(60, step=3), pts)
+    assert_same(preprocess_video(path, **sampling), hf_on_path(path, **sampling))
+    from torchcodec.decoders import VideoDecoder
+
+    with av.open(str(path)) as container:  # the container's average rate is another
+        assert abs(float(container.streams.video[0].average_rate) - VideoDecoder(str(path)).metadata.average_fps) > 0.1
+
+
+@pytest.mark.parametrize("rotation", [90, -90, 180])
+def test_a_rotated_file_is_turned_upright_as_hf_turns_it(tmp_path, rotation):
+    """A portrait phone video is stored landscape with a display rotation: its frames are turned upright."""
+    path = write_timed_clip(tmp_path / "rotated.mp4", panned_clip(12), np.arange(12) * 66, rotation)
+    ours = preprocess_video(path)
+    assert_same(ours, hf_on_path(path))
+    h, w = ours[1][0, 1:]
+    assert (h > w) == (rotation != 180)  # 176x256 frames: portrait once turned a quarter
 
 
 @pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])
 def test_trimmed_file_equals_hf(clip_file, tmp_path, sampling):
     """A lossless trim, as `ffmpeg -ss 0.5 -c copy` writes it: the packets before the cut stay behind an edit
-    list, the container counts them, and they decode to no frame. HF samples from the container's count and
-    gets fewer frames; vitjax gives the same rows (it used to fail: "decoded 4 of the 5 frames sampled")."""
+    list, the container counts them, and they decode to no frame. HF (torchcodec) counts the frames after the
+    cut, and so does vitjax (it used to fail: "decoded 4 of the 5 frames sampled")."""
     trimmed = tmp_path / "trimmed.mp4"
     with av.open(str(clip_file)) as source, av.open(str(trimmed), "w") as out:
         stream = source.streams.video[0]
@@ -223,15 +289,12 @@ def test_trimmed_file_equals_hf(clip_file, tmp_path, sampling):
                 out.mux(packet)
     with av.open(str(trimmed)) as container:
         assert container.streams.video[0].frames == 40 and sum(1 for _ in container.decode(video=0)) < 40
-    proc = hf_processor()
-    hf_fn = functools.partial(proc.sample_frames, num_frames=sampling.get("num_frames"))
-    frames, _ = load_video(str(trimmed), backend="pyav", sample_indices_fn=hf_fn if sampling else proc.sample_frames)
-    assert_same(preprocess_video(trimmed, **sampling), run_hf(frames))
+    assert_same(preprocess_video(trimmed, **sampling), hf_on_path(trimmed, **sampling))
 
 
 def test_container_without_frame_count(tmp_path):
-    """WebM does not store a frame count (HF's PyAV reader fails on it); vitjax counts the packets and then
-    samples as HF would given the true count and rate."""
+    """WebM does not store a frame count (HF's PyAV reader fails on it); vitjax counts the packets, as torchcodec
+    does for HF's processor, and samples as HF does given the true count and rate."""
     path = write_clip(tmp_path / "pan.webm", panned_clip(40), codec="libvpx-vp9")
     with av.open(str(path)) as container:
         assert container.streams.video[0].frames == 0
@@ -240,6 +303,7 @@ def test_container_without_frame_count(tmp_path):
     meta = [{"total_num_frames": 40, "fps": 15.0}]
     ref = run_hf(decoded, do_sample_frames=True, video_metadata=meta)
     assert_same(preprocess_video(path), ref)
+    assert_same(preprocess_video(path), hf_on_path(path))
 
 
 def test_bad_videos_are_named_errors(tmp_path, clip_file):

@@ -2,15 +2,18 @@
 
 Frame sampling is HF transformers' `Qwen3VLVideoProcessor.sample_frames` (default 2 frames per second of
 the source, at least 4 and at most 768 frames, never more than the video has; or exactly `num_frames`,
-evenly spaced, which vitjax also holds to at most 768). Files are decoded as HF's PyAV backend
-(`transformers.video_utils.read_video_pyav`) does: the frame count and rate come from the container's video
-stream, frames are decoded in order up to the last one wanted and converted with `to_ndarray(format="rgb24")`,
-so the frames are the ones HF gets.
+evenly spaced, which vitjax also holds to at most 768). Files are read with PyAV as HF's processor given a path
+reads them, which is torchcodec in `seek_mode="exact"` (`transformers.video_utils.read_video_torchcodec`; SGLang
+reads videos with torchcodec too): the best video stream; its frames are its packets, less those an edit list cuts,
+in presentation order; the rate is their count over their span of time (the stream's r_frame_rate if that is
+zero); a frame sampled twice comes twice; frames are converted with `to_ndarray(format="rgb24")` and turned upright
+by the stream's display matrix (a phone's portrait video). The frames are the ones HF and SGLang get.
 PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only when a file is decoded.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -130,7 +133,7 @@ def open_clip(
     video: Video, name: str | None = None, min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES
 ) -> Clip:
     """The frames `video` stands for, sampled as HF samples them. A file is probed here (frame count, rate and
-    size from its video stream, as HF's PyAV reader takes them) and decoded only when `frames()` is iterated.
+    size from its video stream, as torchcodec takes them for HF's processor) and decoded only when `frames()` is iterated.
 
     Every failure (missing or undecodable file, no video stream, a bad array, frames of different sizes, no
     PyAV; while decoding: fewer frames than the container promised) is a `VideoInputError` naming the input.
@@ -202,37 +205,42 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         raise VideoInputError(name, "not a regular file")
     try:
         with av.open(os.fspath(path)) as container:
-            if not container.streams.video:
+            stream = container.streams.best("video")
+            if stream is None:
                 raise VideoInputError(name, "no video stream")
-            stream = container.streams.video[0]
             if stream.codec_context is None:
                 raise VideoInputError(name, "no decoder for its video codec")
-            total, rate, size = stream.frames, stream.average_rate or stream.guessed_rate, (stream.height, stream.width)
-            check_pixels(size[1], size[0], "video frame")
-            # Packets an edit list cuts (a lossless trim) decode to no frame: HF samples from `total` and gets
-            # fewer frames, so the frames beyond the decodable ones are dropped here, before rows are sized.
-            packets = discarded = 0
-            for packet in container.demux(stream):
-                packets += packet.size > 0
-                discarded += packet.size > 0 and packet.is_discard
-            total = total or packets  # the container does not say (WebM, some MKV): its packets
+            check_pixels(stream.width, stream.height, "video frame")
+            # torchcodec's scan: a frame per packet (not the empty ones PyAV adds at the end, not those an edit
+            # list cuts), timed by its pts (else dts); the rate is their count over the time they span.
+            times = [
+                (packet.pts if packet.pts is not None else packet.dts, packet.duration)
+                for packet in container.demux(stream)
+                if packet.size and not packet.is_discard
+            ]
+            times = [(pts, duration) for pts, duration in times if pts is not None]
+            container.seek(0)
+            first = next(container.decode(stream), None) if times else None
+            if first is None:
+                raise VideoInputError(name, "video stream has no frames")
+            turns = _quarter_turns(first.rotation)
     except VideoInputError:
         raise
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
-    except ValueError as e:  # check_pixels
+    except ValueError as e:  # check_pixels, a rotation that is no quarter turn
         raise VideoInputError(name, str(e)) from e
-    if total <= discarded:
-        raise VideoInputError(name, "video stream has no frames")
+    total, unit = len(times), stream.time_base.numerator / stream.time_base.denominator
+    span = max(pts + duration for pts, duration in times) * unit - min(pts for pts, _ in times) * unit
+    rate = total / span if span else float(stream.base_rate) if stream.base_rate else None
     try:
-        indices = _indices(video, total, min_frames, max_frames, float(rate) if rate else None)
+        wanted = _indices(video, total, min_frames, max_frames, rate).tolist()
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
-    # HF's reader keeps a frame once however often it is sampled, and only the frames it decodes
-    wanted = sorted({i for i in indices.tolist() if i < total - discarded})
+    size = (stream.height, stream.width)
 
     def frames() -> Iterator[np.ndarray]:
-        yield from _decode(av, path, name, wanted, size, total)
+        yield from _decode(av, path, name, wanted, size, turns, total)
 
     def digest() -> str:
         h = hashlib.sha256(b"file:")
@@ -241,30 +249,42 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
                 h.update(chunk)
         return h.hexdigest()
 
-    return Clip(len(wanted), *size, frames, digest)
+    return Clip(len(wanted), *(size[::-1] if turns % 2 else size), frames, digest)
 
 
-def _decode(av, path: Path, name: str, wanted: list[int], size: tuple[int, int], total: int) -> Iterator[np.ndarray]:
-    """Frames `wanted` (sorted indices), decoded in order as HF's `read_video_pyav` does."""
-    keep, got = set(wanted), 0
+def _quarter_turns(degrees: float | None) -> int:
+    """Counter-clockwise quarter turns that make a frame upright, from its display matrix's rotation (rounded to
+    a multiple of 90 degrees, as torchcodec does)."""
+    if not degrees:
+        return 0
+    turns = round(degrees / 90)
+    if not -2 <= turns <= 2:
+        raise ValueError(f"rotation of {degrees} degrees is outside [-180, 180]")
+    return turns % 4
+
+
+def _decode(
+    av, path: Path, name: str, wanted: list[int], size: tuple[int, int], turns: int, total: int
+) -> Iterator[np.ndarray]:
+    """Frames `wanted` (sorted indices, repeats included), decoded in order and turned upright."""
+    times_wanted, got = collections.Counter(wanted), 0
     try:
         with av.open(os.fspath(path)) as container:
-            stream = container.streams.video[0]
+            stream = container.streams.best("video")
             stream.thread_type = "AUTO"  # frame threads: the same frames, decoded on several cores
-            container.seek(0)
             for i, frame in enumerate(container.decode(stream)):
                 if i > wanted[-1]:
                     break
-                if i in keep:
+                if i in times_wanted:
                     rgb = frame.to_ndarray(format="rgb24")
                     if rgb.shape[:2] != size:
                         shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
                         raise VideoInputError(name, f"frame {i} is {shown}, the stream says {size[1]}x{size[0]}")
-                    got += 1
-                    yield rgb
+                    rgb = np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
+                    for _ in range(times_wanted[i]):
+                        got += 1
+                        yield rgb
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     if got < len(wanted):
-        raise VideoInputError(
-            name, f"decoded {got} of the {len(wanted)} frames sampled (the container says it has {total} frames)"
-        )
+        raise VideoInputError(name, f"decoded {got} of the {len(wanted)} frames sampled (the file has {total} frames)")
