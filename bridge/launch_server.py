@@ -84,6 +84,15 @@ def model_architectures(model: str) -> list[str] | None:
         raise UsageError(f"--model-path {model}: {str(e).splitlines()[0]}") from None
 
 
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang's own argument parser (`ServerArgs.add_cli_args`, checked on 0.5.23), to read its settings as it will."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
 def with_config_file(argv: list[str]) -> list[str]:
     """`argv` with the settings of a `--config FILE.yaml` merged in, by SGLang's own merger (checked on 0.5.23),
     so the model is looked for where SGLang will find it."""
@@ -92,8 +101,8 @@ def with_config_file(argv: list[str]) -> list[str]:
     import yaml
     from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
-    try:
-        return ConfigArgumentMerger(boolean_actions=[]).merge_config_with_args(argv)
+    try:  # with SGLang's parser, as SGLang merges: a flag set false in the file is left out, not passed "false"
+        return ConfigArgumentMerger(sglang_parser()).merge_config_with_args(argv)
     except (ValueError, OSError, yaml.YAMLError) as e:
         raise UsageError(f"--config: {e}") from None
 
@@ -103,15 +112,12 @@ def gpu_past_the_first(argv: list[str]) -> str | None:
     or None: read with SGLang's own parser and its rank-to-GPU rule (checked on 0.5.23). A JAX tower on such a
     GPU opens them all (`bridge.tower._open_gpus`)."""
     from sglang.srt.environ import envs
-    from sglang.srt.server_args import ServerArgs
 
     if envs.SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS.get():  # each rank sees only its own GPU, as cuda:0
         return None
-    parser = argparse.ArgumentParser(add_help=False)
-    ServerArgs.add_cli_args(parser)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            args, _ = parser.parse_known_args(argv)
+            args, _ = sglang_parser().parse_known_args(argv)
     except SystemExit:  # arguments SGLang will refuse itself, in its own words
         return None
     # With attention DP (`--enable-dp-attention`) the dp ranks share the tp group's GPUs; else each is a replica.

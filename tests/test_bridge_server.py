@@ -9,6 +9,7 @@ The servers serve the tiny MoE Qwen3-VL (SGLang's `Qwen3VLMoeForConditionalGener
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import subprocess
 import sys
@@ -198,6 +199,8 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
         prepare(["--config", str(tmp_path / "backend.yaml")])
     with pytest.raises(UsageError, match=r"^--language-only: a language server runs no vision tower; start it with"):
         prepare(["--model-path", str(moe), "--language-only", "--encoder-urls", "http://127.0.0.1:1"])
+    (tmp_path / "flags.yaml").write_text(f"model-path: {moe}\nlanguage-only: false\n")  # false: no flag, as in SGLang
+    assert prepare(["--config", str(tmp_path / "flags.yaml")]) == ["--config", str(tmp_path / "flags.yaml")]
     monkeypatch.setenv("SGLANG_RUST_SERVER", "1")
     with pytest.raises(UsageError, match=r"^SGLANG_RUST_SERVER=1: SGLang's Rust front end does not take the bridge's"):
         prepare(["--model-path", str(moe)])
@@ -205,6 +208,12 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
     # A CPU-only JAX where SGLang runs on CUDA GPUs (this machine has none: torch is told it has).
     with monkeypatch.context() as patched:
         patched.setattr(torch.cuda, "is_available", lambda: True)
+        find_spec = importlib.util.find_spec  # and JAX's CUDA plugin is not installed, whatever this machine has
+        patched.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *rest: None if name.startswith("jax_cuda") else find_spec(name, *rest),
+        )
         with pytest.raises(UsageError, match=r"^--mm-encoder-backend jax on CUDA GPUs needs JAX's CUDA build"):
             prepare(["--model-path", str(moe)])
         assert prepare([*model, "--device", "cpu"]) == [*model, "--device", "cpu"]

@@ -290,6 +290,28 @@ def test_a_warm_up_naming_a_bucket_fitting_in_the_background_takes_up_that_compi
     assert _bucket_rows(engine, x, grids) == [224]
 
 
+def test_a_warm_up_compiles_a_bucket_itself_where_its_background_compile_failed(monkeypatch):
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    grids = [(1, 10, 12), (1, 8, 10)]  # 200 tokens: fitted 224
+    x = pixels_for(grids, CFG, seed=5)
+    compile_, tries = engine._compile, []
+
+    def failing_once(bucket, *args):
+        tries.append(bucket)
+        if tries.count(bucket) == 1 and bucket == Bucket(224, 8):
+            raise RuntimeError("out of memory while autotuning")
+        return compile_(bucket, *args)
+
+    monkeypatch.setattr(engine, "_compile", failing_once)
+    for _ in range(2):
+        engine.run(x, grids)
+    assert engine.settle()
+    enc.warmup([Bucket(224, 8)], run=False)  # the background compile's error is not the warm-up's
+    assert tries == [Bucket(256, 8), Bucket(224, 8), Bucket(224, 8)] and not engine._fitting
+    assert _bucket_rows(engine, x, grids) == [224]
+
+
 def test_default_sampled_videos_fit_the_segment_ladder():
     """Every clip HF's sampling can give (up to MAX_FRAMES frames, two per slice) lands on a rung of the default
     ladder, so no video length compiles an executable of its own; the images' buckets are as before."""

@@ -287,10 +287,12 @@ def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, m
 
 
 def test_inputs_go_in_chunks_and_come_back_in_their_slots(checkpoint, tmp_path, capsys, monkeypatch):
-    """The encoder gets the inputs a chunk at a time, sized by the embeddings' bytes so far (each chunk's go to the
-    host while the next one runs, so the device holds two chunks' at most); each input lands in its own slot."""
-    monkeypatch.setattr(cli, "FIRST_CHUNK", 2)
-    monkeypatch.setattr(cli, "CHUNK_BYTES", 1)  # then one input a chunk
+    """The encoder gets the inputs a chunk at a time, as many as fit CHUNK_BYTES at the largest embedding the settings
+    allow (each chunk's go to the host once the next is dispatched, so the device holds two chunks' at most); each
+    input lands in its own slot."""
+    cfg = TINY["hd64"]  # the checkpoint's tower; the largest embedding MAX_PIXELS allows, in float32:
+    one = MAX_PIXELS // cfg.patch_size**2 // cfg.merge_unit * cfg.output_width * 4
+    monkeypatch.setattr(cli, "CHUNK_BYTES", 2 * one + 1)
     chunks, encode = [], vitjax.Encoder.encode
     monkeypatch.setattr(
         vitjax.Encoder, "encode", lambda self, images, **kw: chunks.append(len(images)) or encode(self, images, **kw)
@@ -302,7 +304,7 @@ def test_inputs_go_in_chunks_and_come_back_in_their_slots(checkpoint, tmp_path, 
     common = ["--model", str(checkpoint), "--dtype", "float32", "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
     code, _, err = run(capsys, *inputs, *common)
     assert code == 1 and f"vitjax: error: {corrupt}: " in err and "wrote 4 of 5 images" in err
-    assert chunks == [2, 1, 1, 1]
+    assert chunks == [2, 2, 1]
     tensors = load_file(out)
     assert sorted(tensors) == [f"{i}.{k}" for i in (0, 1, 3, 4) for k in ("deepstack", "embeds")]
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
@@ -458,6 +460,10 @@ def test_an_output_link_keeps_pointing_at_the_new_file(checkpoint, tmp_path, cap
     assert link.is_symlink() and link.resolve() == target
     assert set(load_file(target)) == {"0.embeds", "0.deepstack"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.safetensors", "runs"]
+    loop = tmp_path / "loop.safetensors"
+    loop.symlink_to(loop)
+    code, _, err = run(capsys, str(PHOTOS[0]), *options[:-1], str(loop))
+    assert code == 2 and one_error_line(err).startswith(f"vitjax: error: -o {loop}: ")
 
 
 def test_failed_write_leaves_the_old_file_and_no_partial_one(checkpoint, tmp_path, capsys):

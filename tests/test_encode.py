@@ -15,6 +15,8 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+import tqdm
+import tqdm.auto
 from conftest import MAX_PIXELS, PHOTOS, TINY, make_hf
 from PIL import Image
 from safetensors import safe_open
@@ -33,6 +35,17 @@ from vitjax.weights import CheckpointError
 @pytest.fixture()
 def enc(checkpoint):
     return vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+
+
+def test_a_callers_progress_bar_advances_once_an_input(enc, capsys):
+    """One bar over several calls (the CLI's chunks): any tqdm bar, tqdm.auto's or the plain one, and no bar of the
+    encoder's own beside it."""
+    for make in (tqdm.tqdm, tqdm.auto.tqdm):
+        text = io.StringIO()
+        with make(total=3, file=text) as bar:
+            enc.encode([PHOTOS[0], PHOTOS[1], PHOTOS[0]], max_pixels=MAX_PIXELS, progress=bar)
+            assert bar.n == 3
+        assert "3/3" in text.getvalue() and capsys.readouterr().err == ""
 
 
 def hf_pixels(path: Path, max_pixels: int = MAX_PIXELS):

@@ -292,6 +292,29 @@ def test_trimmed_file_equals_hf(clip_file, tmp_path, sampling):
     assert_same(preprocess_video(trimmed, **sampling), hf_on_path(trimmed, **sampling))
 
 
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 9}])
+def test_a_file_that_starts_between_keyframes_equals_hf(tmp_path, sampling):
+    """A cut without an edit list that starts between keyframes: its first packets decode to no frame. HF (torchcodec)
+    takes, for a sampled time before the first keyframe, the first frame that decodes, again and again; picking the
+    i-th decoded frame instead gave other frames, and too few ("decoded 3 of the 5 frames sampled")."""
+    whole, cut = tmp_path / "whole.mkv", tmp_path / "cut.mkv"
+    with av.open(str(whole), "w") as container:
+        stream = container.add_stream("libx264", rate=25, options={"bf": "0", "g": "25"})
+        stream.height, stream.width, stream.pix_fmt = 176, 256, "yuv420p"
+        for frame in panned_clip(75, step=3):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    with av.open(str(whole)) as source, av.open(str(cut), "w") as out:
+        copy = out.add_stream_from_template(source.streams.video[0])
+        packets = [p for p in source.demux(video=0) if p.size]
+        for packet in packets[5:]:
+            packet.stream = copy
+            out.mux(packet)
+    with av.open(str(cut)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 50  # 70 packets; the 20 before a keyframe decode to none
+    assert_same(preprocess_video(cut, **sampling), hf_on_path(cut, **sampling))
+
+
 def test_container_without_frame_count(tmp_path):
     """WebM does not store a frame count (HF's PyAV reader fails on it); vitjax counts the packets, as torchcodec
     does for HF's processor, and samples as HF does given the true count and rate."""

@@ -304,16 +304,13 @@ class Engine:
             if (compiled := self._executables.get(key)) is not None:
                 return compiled
             fitting = self._fitting.get(key)
-            if fitting is None:
-                waiting = key in self._building
-                building = self._building.setdefault(key, concurrent.futures.Future())
-        if fitting is not None:  # a fitted bucket a warm-up names, compiling in the background: take up that compile
-            compiled = fitting.result()
-            with self._fit_lock:
-                if key in self._fitting:
-                    self._install(key)
-                self._fitted.pop(key, None)  # named: kept, as a bucket the warm-up compiled is, outside the bound
+        if fitting is not None and (compiled := self._take_up(key, fitting)) is not None:
             return compiled
+        with self._fit_lock:
+            if (compiled := self._executables.get(key)) is not None:
+                return compiled
+            waiting = key in self._building
+            building = self._building.setdefault(key, concurrent.futures.Future())
         if waiting:
             return building.result()
         try:
@@ -328,6 +325,23 @@ class Engine:
             self.compiles += 1
             del self._building[key]
         building.set_result(compiled)
+        return compiled
+
+    def _take_up(self, key: tuple, fitting: concurrent.futures.Future) -> jax.stages.Compiled | None:
+        """A fitted bucket a warm-up names, compiling in the background: that compile, waited for and kept as the
+        warm-up's own (outside the fitted bound); None where it failed (the warm-up then compiles it itself)."""
+        try:
+            compiled = fitting.result()
+        except Exception:
+            compiled = None
+        with self._fit_lock:
+            if self._fitting.get(key) is fitting:
+                del self._fitting[key]
+                self._sightings.pop(key, None)
+                if compiled is not None:
+                    self._executables[key] = compiled
+                    self.compiles += 1
+            self._fitted.pop(key, None)  # installed by a call meanwhile: kept now, as the warm-up's
         return compiled
 
     def _compile(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:

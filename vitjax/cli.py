@@ -46,12 +46,11 @@ EXIT_CODES = """exit status:
 # Of the probe and temporary files beside the output: fixed and short, as one built from the output's name would pass
 # the 255-byte limit on a file name before the output's name does.
 TEMP_PREFIX = ".vitjax-"
-# Inputs go to the encoder a chunk at a time, and a chunk's embeddings are copied to the host while the device runs
-# the next one, so the device holds at most two chunks' (all of a folder's would not fit: a 12 MP photo's are
-# 366 MiB on the 8B tower). A chunk is as many inputs as made about CHUNK_BYTES of embeddings each, so far; the
-# first is FIRST_CHUNK inputs (the 20 photos of the benchmarks in one, as before; at most 16 GiB on the 8B tower).
-CHUNK_BYTES = 8 << 30
-FIRST_CHUNK = 32
+# Inputs go to the encoder a chunk at a time, and a chunk's embeddings are copied to the host once the next chunk is
+# dispatched, so the device holds two chunks' at most (all of a folder's would not fit: a 12 MP photo's are 366 MiB
+# on the 8B tower). A chunk holds as many inputs as fit CHUNK_BYTES at the largest embedding the settings allow: 32
+# on the 8B tower at the default max_pixels (512 MiB each; the 20 photos of the benchmarks in one chunk).
+CHUNK_BYTES = 16 << 30
 
 
 class UsageError(Exception):
@@ -148,7 +147,10 @@ def _check_output(output: str) -> Path:
     file systems and full quotas all show here)."""
     out = Path(output)
     if out.is_symlink():  # the file it names is replaced, and the link stays (as `vitjax convert` does)
-        out = out.resolve()
+        try:
+            out = out.resolve()
+        except (RuntimeError, OSError) as e:  # a loop of links (RuntimeError before Python 3.13)
+            raise UsageError(f"-o {output}: {e}") from e
     if out.is_dir():
         raise UsageError(f"-o {output}: is a directory")
     if os.path.basename(output) in ("", ".", ".."):  # "new/" or "new/.": Path would drop the ending, and write "new"
@@ -362,21 +364,20 @@ def _run_encoder(
         fps=settings.fps,
         num_frames=settings.num_frames,
     )
-    results, held, start, size, seen, seen_bytes = [], [], 0, FIRST_CHUNK, 0, 0
+    videos = any(is_video_path(source) for source in sources)
+    tokens = settings.largest_patches(cfg, videos) // cfg.merge_unit
+    size = max(1, CHUNK_BYTES // (tokens * cfg.output_width * (4 if args.dtype == "float32" else 2)))
+    results, held = [], []
     with tqdm(total=len(sources), desc="encoding", unit="input", disable=args.quiet) as bar:
-        while held or start < len(sources):
+        for start in range(0, len(sources) + size, size):
             chunk = enc.encode(sources[start : start + size], progress=bar, **options) if start < len(sources) else []
-            start += size
-            for res in held:  # the chunk before, to the host while the device runs this one
+            for res in held:  # the chunk before, to the host once this one is dispatched
                 if isinstance(res, ImageInputError):
                     print(f"vitjax: error: {res}", file=sys.stderr)
                     results.append(res)
                 else:
                     results.append(_Written(res, cfg.out_hidden_size))
             held = chunk
-            encoded = [res.features.nbytes for res in chunk if not isinstance(res, ImageInputError)]
-            seen, seen_bytes = seen + len(encoded), seen_bytes + sum(encoded)
-            size = max(1, CHUNK_BYTES * seen // seen_bytes) if seen_bytes else FIRST_CHUNK
     return results, decoder
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
+import tqdm.auto
 from flax import nnx
-from tqdm.auto import tqdm
 
 from vitjax import dali, layout, weights
 from vitjax.attention import Segments, default_implementation, named_implementation
@@ -100,7 +101,7 @@ class Encoder:
         model_id: str | None = None,
         cache_bytes: int = 1 << 30,
         buckets: BucketPolicy | None = None,
-        devices: int | str | Sequence[jax.Device] | None = None,
+        devices: int | str | jax.Device | Sequence[jax.Device] | None = None,
         sequence_parallel: int = 1,
     ):
         self.cfg = cfg
@@ -234,7 +235,7 @@ class Encoder:
         pixel_limit: int = PIXEL_LIMIT,
         batch_tokens: int | None = None,
         errors: str = "raise",
-        progress: bool | tqdm = False,
+        progress: bool | tqdm.tqdm = False,
         decoder: str = "auto",
         video_min_pixels: int = VIDEO_MIN_PIXELS,
         video_max_pixels: int = VIDEO_MAX_PIXELS,
@@ -277,8 +278,9 @@ class Encoder:
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
         found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key
         claimed: set[tuple] = set()  # cache keys this call must put or abandon
-        given = isinstance(progress, tqdm)
-        bar = progress if given else tqdm(total=len(items), desc="encoding", unit="input", disable=not progress)
+        given = isinstance(progress, tqdm.tqdm)  # any tqdm bar: tqdm.auto's and notebook bars are subclasses
+        shown = {"total": len(items), "desc": "encoding", "unit": "input", "disable": not progress}
+        bar = progress if given else tqdm.auto.tqdm(**shown)
         lock = threading.Lock()  # the bar advances from the workers too, as each image's rows are made
 
         def advance() -> None:

@@ -59,7 +59,6 @@ class EncodeSettings:
 
     def checked(self, cfg: VisionConfig) -> EncodeSettings:
         """These settings validated against the tower's patch geometry, with `batch_tokens` resolved."""
-        patch_area = cfg.patch_size**2
         window = (cfg.patch_size * cfg.spatial_merge_size) ** 2  # the smallest image: one merge window
         for name in ("min_pixels", "max_pixels", "pixel_limit", "batch_tokens", "video_min_pixels", "video_max_pixels"):
             value = getattr(self, name)
@@ -103,7 +102,7 @@ class EncodeSettings:
         if not isinstance(self.progress, (bool, tqdm)):
             raise SettingError("progress", self.progress, "must be True, False or a tqdm bar")
         batch_tokens = BATCH_TOKENS if self.batch_tokens is None else self.batch_tokens
-        largest = self.max_pixels // patch_area  # patches of the largest image max_pixels allows: a call of its own
+        largest = self.largest_patches(cfg)  # the largest image: a call of its own
         call = max(batch_tokens, largest)
         rows, memory = call * cfg.patch_dim * 2, _host_memory()  # a call's pixel rows, bfloat16 at least
         if rows > memory:
@@ -114,19 +113,29 @@ class EncodeSettings:
                 f"a call of {call} patches needs {rows / 2**30:.1f} GiB of pixel rows, more than this "
                 f"machine's {memory / 2**30:.1f} GiB of memory",
             )
-        # A video's frames share video_max_pixels, but each keeps at least 1.05 x video_min_pixels (HF's per-frame
-        # floor), so a raised video_min_pixels makes a long clip's rows far more than video_max_pixels allows.
-        floor = int(self.video_min_pixels * 1.05)
-        per_frame = max(min(MAX_VIDEO_TOKENS * window, self.video_max_pixels // MAX_FRAMES), floor)
-        clip = MAX_FRAMES * per_frame // (patch_area * cfg.temporal_patch_size) * cfg.patch_dim * 2
-        if clip > memory:
+        clip = self.largest_patches(cfg, videos=True) * cfg.patch_dim * 2
+        if clip > memory:  # only a raised video_min_pixels gets here: video_max_pixels is held to pixel_limit
             raise SettingError(
                 "video_min_pixels",
                 self.video_min_pixels,
-                f"a clip of {MAX_FRAMES} frames keeps at least {floor} pixels a frame: {clip / 2**30:.1f} GiB of pixel "
-                f"rows, more than this machine's {memory / 2**30:.1f} GiB of memory",
+                f"a clip of {self.num_frames or MAX_FRAMES} frames keeps at least {int(self.video_min_pixels * 1.05)} "
+                f"pixels a frame: {clip / 2**30:.1f} GiB of pixel rows, more than this machine's "
+                f"{memory / 2**30:.1f} GiB of memory",
             )
         return replace(self, batch_tokens=batch_tokens)
+
+    def largest_patches(self, cfg: VisionConfig, videos: bool = False) -> int:
+        """Patches of the largest image `max_pixels` allows or, with `videos`, of the largest input these settings
+        allow: a clip's frames share video_max_pixels, but each keeps at least 1.05 x video_min_pixels (HF's
+        per-frame floor), so a raised video_min_pixels makes a long clip far larger than video_max_pixels says."""
+        image = self.max_pixels // cfg.patch_size**2
+        if not videos:
+            return image
+        frames, window = self.num_frames or MAX_FRAMES, (cfg.patch_size * cfg.spatial_merge_size) ** 2
+        per_frame = max(
+            min(MAX_VIDEO_TOKENS * window, self.video_max_pixels // frames), int(self.video_min_pixels * 1.05)
+        )
+        return max(image, frames * per_frame // (cfg.patch_size**2 * cfg.temporal_patch_size))
 
 
 def _host_memory() -> float:

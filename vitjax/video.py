@@ -7,7 +7,9 @@ reads them, which is torchcodec in `seek_mode="exact"` (`transformers.video_util
 reads videos with torchcodec too): the best video stream; its frames are its packets, less those an edit list cuts,
 in presentation order; the rate is their count over their span of time (the stream's r_frame_rate if that is
 zero); a frame sampled twice comes twice; frames are converted with `to_ndarray(format="rgb24")` and turned upright
-by the stream's display matrix (a phone's portrait video). The frames are the ones HF and SGLang get.
+by the stream's display matrix (a phone's portrait video). On MP4, MKV and WebM (what the tests hold it to) the
+frames are the ones HF and SGLang get; where torchcodec mistimes frames (B-frames in AVI or MPEG-PS on FFmpeg 5.1,
+seen), vitjax's may be the right ones and HF's not.
 PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only when a file is decoded.
 """
 
@@ -133,7 +135,8 @@ def open_clip(
     video: Video, name: str | None = None, min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES
 ) -> Clip:
     """The frames `video` stands for, sampled as HF samples them. A file is probed here (frame count, rate and
-    size from its video stream, as torchcodec takes them for HF's processor) and decoded only when `frames()` is iterated.
+    size from its video stream, as torchcodec takes them for HF's processor) and decoded only when `frames()` is
+    iterated.
 
     Every failure (missing or undecodable file, no video stream, a bad array, frames of different sizes, no
     PyAV; while decoding: fewer frames than the container promised) is a `VideoInputError` naming the input.
@@ -224,23 +227,25 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
             if first is None:
                 raise VideoInputError(name, "video stream has no frames")
             turns = _quarter_turns(first.rotation)
+            # read while the file is open: the stream's fields live in FFmpeg's memory, freed when it closes
+            unit, base_rate = stream.time_base.numerator / stream.time_base.denominator, stream.base_rate
+            size = (stream.height, stream.width)
     except VideoInputError:
         raise
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     except ValueError as e:  # check_pixels, a rotation that is no quarter turn
         raise VideoInputError(name, str(e)) from e
-    total, unit = len(times), stream.time_base.numerator / stream.time_base.denominator
     span = max(pts + duration for pts, duration in times) * unit - min(pts for pts, _ in times) * unit
-    rate = total / span if span else float(stream.base_rate) if stream.base_rate else None
+    rate = len(times) / span if span else float(base_rate) if base_rate else None
     try:
-        wanted = _indices(video, total, min_frames, max_frames, rate).tolist()
+        wanted = _indices(video, len(times), min_frames, max_frames, rate).tolist()
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
-    size = (stream.height, stream.width)
+    starts = sorted(pts for pts, _ in times)  # frame i is the first decoded at or after starts[i]
 
     def frames() -> Iterator[np.ndarray]:
-        yield from _decode(av, path, name, wanted, size, turns, total)
+        yield from _decode(av, path, name, wanted, starts, size, turns)
 
     def digest() -> str:
         h = hashlib.sha256(b"file:")
@@ -264,27 +269,41 @@ def _quarter_turns(degrees: float | None) -> int:
 
 
 def _decode(
-    av, path: Path, name: str, wanted: list[int], size: tuple[int, int], turns: int, total: int
+    av, path: Path, name: str, wanted: list[int], starts: list[int], size: tuple[int, int], turns: int
 ) -> Iterator[np.ndarray]:
-    """Frames `wanted` (sorted indices, repeats included), decoded in order and turned upright."""
-    times_wanted, got = collections.Counter(wanted), 0
+    """Frames `wanted` (sorted indices, repeats included), turned upright, picked as torchcodec picks them: for the
+    index after the last one taken, the next frame decoded; else the first decoded at or after the index's time,
+    decoding again from the start where that time is not past the last frame taken (torchcodec seeks back there).
+    They differ from the i-th decoded frames only where a stream decodes fewer frames than it has packets (one
+    that starts between keyframes)."""
+    got = 0
     try:
         with av.open(os.fspath(path)) as container:
             stream = container.streams.best("video")
             stream.thread_type = "AUTO"  # frame threads: the same frames, decoded on several cores
-            for i, frame in enumerate(container.decode(stream)):
-                if i > wanted[-1]:
+            decoded, last, last_at = container.decode(stream), None, None
+            for index, times in sorted(collections.Counter(wanted).items()):
+                start = None if last is not None and index == last + 1 else starts[index]
+                if start is not None and last_at is not None and start <= last_at:
+                    container.seek(0)
+                    decoded = container.decode(stream)
+                for frame in decoded:
+                    at = frame.pts if frame.pts is not None else frame.dts
+                    if start is None or (at is not None and at >= start):
+                        break
+                else:
                     break
-                if i in times_wanted:
-                    rgb = frame.to_ndarray(format="rgb24")
-                    if rgb.shape[:2] != size:
-                        shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
-                        raise VideoInputError(name, f"frame {i} is {shown}, the stream says {size[1]}x{size[0]}")
-                    rgb = np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
-                    for _ in range(times_wanted[i]):
-                        got += 1
-                        yield rgb
+                rgb = frame.to_ndarray(format="rgb24")
+                if rgb.shape[:2] != size:
+                    shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
+                    raise VideoInputError(name, f"frame {index} is {shown}, the stream says {size[1]}x{size[0]}")
+                rgb = np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
+                got, last, last_at = got + times, index, at
+                for _ in range(times):
+                    yield rgb
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     if got < len(wanted):
-        raise VideoInputError(name, f"decoded {got} of the {len(wanted)} frames sampled (the file has {total} frames)")
+        raise VideoInputError(
+            name, f"decoded {got} of the {len(wanted)} frames sampled (the file has {len(starts)} frames)"
+        )
