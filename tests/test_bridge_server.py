@@ -212,7 +212,7 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
         patched.setattr(
             importlib.util,
             "find_spec",
-            lambda name, *rest: None if name.startswith("jax_cuda") else find_spec(name, *rest),
+            lambda name, *rest, **kw: None if name.startswith("jax_cuda") else find_spec(name, *rest, **kw),
         )
         with pytest.raises(UsageError, match=r"^--mm-encoder-backend jax on CUDA GPUs needs JAX's CUDA build"):
             prepare(["--model-path", str(moe)])

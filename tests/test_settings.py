@@ -44,11 +44,6 @@ def untouched():
             "video_min_pixels",
             "a clip of 768 frames keeps at least 1154487209164 pixels a frame: 4954521.6 GiB of pixel rows",
         ),
-        (
-            {"video_min_pixels": 2**40, "video_max_pixels": 2**40, "pixel_limit": 2**40, "num_frames": 8},
-            "video_min_pixels",
-            "a clip of 8 frames keeps at least 1154487209164 pixels a frame: 51609.6 GiB of pixel rows",
-        ),
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True, False or a tqdm bar"),
         ({"decoder": "nvjpeg"}, "decoder", "must be one of 'auto', 'pil', 'dali'"),

@@ -25,7 +25,7 @@ from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
-from vitjax.video import FPS, is_video_path
+from vitjax.video import FPS, MAX_FRAMES, is_video_path
 
 EPILOG = """examples:
   vitjax encode photos/ --random-init qwen3-vl-2b -o embeds.safetensors
@@ -365,7 +365,7 @@ def _run_encoder(
         num_frames=settings.num_frames,
     )
     videos = any(is_video_path(source) for source in sources)
-    tokens = settings.largest_patches(cfg, videos) // cfg.merge_unit
+    tokens = settings.largest_patches(cfg, videos, settings.num_frames or MAX_FRAMES) // cfg.merge_unit
     size = max(1, CHUNK_BYTES // (tokens * cfg.output_width * (4 if args.dtype == "float32" else 2)))
     results, held = [], []
     with tqdm(total=len(sources), desc="encoding", unit="input", disable=args.quiet) as bar:

@@ -113,29 +113,31 @@ class EncodeSettings:
                 f"a call of {call} patches needs {rows / 2**30:.1f} GiB of pixel rows, more than this "
                 f"machine's {memory / 2**30:.1f} GiB of memory",
             )
-        clip = self.largest_patches(cfg, videos=True) * cfg.patch_dim * 2
+        clip = self.largest_patches(cfg, videos=True) * cfg.patch_dim * 2  # a `Video` may sample MAX_FRAMES
         if clip > memory:  # only a raised video_min_pixels gets here: video_max_pixels is held to pixel_limit
             raise SettingError(
                 "video_min_pixels",
                 self.video_min_pixels,
-                f"a clip of {self.num_frames or MAX_FRAMES} frames keeps at least {int(self.video_min_pixels * 1.05)} "
-                f"pixels a frame: {clip / 2**30:.1f} GiB of pixel rows, more than this machine's "
-                f"{memory / 2**30:.1f} GiB of memory",
+                f"a clip of {MAX_FRAMES} frames keeps at least {int(self.video_min_pixels * 1.05)} pixels a frame: "
+                f"{clip / 2**30:.1f} GiB of pixel rows, more than this machine's {memory / 2**30:.1f} GiB of memory",
             )
         return replace(self, batch_tokens=batch_tokens)
 
-    def largest_patches(self, cfg: VisionConfig, videos: bool = False) -> int:
-        """Patches of the largest image `max_pixels` allows or, with `videos`, of the largest input these settings
-        allow: a clip's frames share video_max_pixels, but each keeps at least 1.05 x video_min_pixels (HF's
-        per-frame floor), so a raised video_min_pixels makes a long clip far larger than video_max_pixels says."""
+    def largest_patches(self, cfg: VisionConfig, videos: bool = False, frames: int = MAX_FRAMES) -> int:
+        """About the patches of the largest image `max_pixels` allows or, with `videos`, of the largest input these
+        settings allow with clips of at most `frames` frames: a clip's frames share video_max_pixels, but each keeps
+        at least 1.05 x video_min_pixels (HF's per-frame floor), so a raised video_min_pixels makes a long clip far
+        larger than video_max_pixels says. Sides rounded to the 32-pixel grid can add more (at extreme aspect ratios,
+        or with min_pixels near max_pixels, up to ~1.4x)."""
         image = self.max_pixels // cfg.patch_size**2
         if not videos:
             return image
-        frames, window = self.num_frames or MAX_FRAMES, (cfg.patch_size * cfg.spatial_merge_size) ** 2
+        window = (cfg.patch_size * cfg.spatial_merge_size) ** 2
         per_frame = max(
             min(MAX_VIDEO_TOKENS * window, self.video_max_pixels // frames), int(self.video_min_pixels * 1.05)
         )
-        return max(image, frames * per_frame // (cfg.patch_size**2 * cfg.temporal_patch_size))
+        groups = -(-frames // cfg.temporal_patch_size)  # an odd frame count's last group is padded
+        return max(image, groups * per_frame // cfg.patch_size**2)
 
 
 def _host_memory() -> float:
