@@ -162,7 +162,8 @@ class Encoder:
     def from_pretrained(cls, path: str | Path, dtype: str = "bfloat16", progress: bool = False, **kw) -> Encoder:
         """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""
         dtype = tower_dtype(dtype)
-        _check_settings(VisionConfig.from_hf(path), dtype, kw)  # config.json, in either kind of folder
+        named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
+        _check_settings(VisionConfig.from_hf(path), dtype, kw)  # then config.json (in either kind of folder) is read
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
         else:
