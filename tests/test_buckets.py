@@ -175,7 +175,9 @@ def test_a_warmed_up_bucket_serves_as_the_fitted_one():
     assert enc.parallel.compiles == 1  # the ladder's 256 is never needed
 
 
-def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch):
+def _two_sizes_through_one_fitted_slot(monkeypatch):
+    """An engine that keeps one fitted executable, after two sizes took turns in it: 224's compiled, then dropped
+    for 192's. Returns the encoder, the engine, and each size's grids and pixels."""
     monkeypatch.setattr(buckets, "FITTED_EXECUTABLES", 1)
     enc = _random_encoder(FIT_POLICY)
     engine = enc.parallel.engines[0]
@@ -188,6 +190,11 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch)
     assert _bucket_rows(engine, x, first) == [224]
     assert _bucket_rows(engine, y, second) == [192]  # the second fitted executable drops the first
     assert [key[0] for key in engine._fitted] == [Bucket(192, 1)]
+    return enc, engine, (first, x), (second, y)
+
+
+def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch):
+    enc, engine, (first, x), _ = _two_sizes_through_one_fitted_slot(monkeypatch)
     assert _bucket_rows(engine, x, first) == [256]
 
     compile_, tries, entered, release = engine._compile, [], threading.Event(), threading.Event()
@@ -244,17 +251,7 @@ def test_fitted_compiles_of_sizes_that_do_not_come_back_are_held_to_the_bound(mo
 def test_a_dropped_fitted_size_needs_twice_the_calls_to_compile_again(monkeypatch):
     """Sizes rotating through more fitted buckets than the table holds: each time a size's executable is dropped,
     the calls it needs before compiling again double, so the fitting thread is not kept compiling."""
-    monkeypatch.setattr(buckets, "FITTED_EXECUTABLES", 1)
-    enc = _random_encoder(FIT_POLICY)
-    engine = enc.parallel.engines[0]
-    first, second = [(1, 10, 20)], [(1, 10, 18)]  # 200 and 180 tokens: fitted 224 and 192
-    x, y = pixels_for(first, CFG, seed=7), pixels_for(second, CFG, seed=8)
-    for _ in range(2):
-        _bucket_rows(engine, x, first)
-        _bucket_rows(engine, y, second)
-    assert engine.settle()
-    assert _bucket_rows(engine, x, first) == [224]
-    assert _bucket_rows(engine, y, second) == [192]  # drops 224 (once)
+    _, engine, (first, x), _ = _two_sizes_through_one_fitted_slot(monkeypatch)  # 224 dropped once
     for _ in range(3):
         assert _bucket_rows(engine, x, first) == [256] and not engine._fitting
     assert _bucket_rows(engine, x, first) == [256]  # the fourth call since the drop
