@@ -182,15 +182,10 @@ class JaxVisionTower(nn.Module):
             return features
 
     def _on_device(self) -> contextlib.AbstractContextManager:
-        """JAX's default device and torch's current CUDA device set to the tower's around JAX work, and given back
-        after. JAX's, so that random weights are drawn there, not on GPU 0. Torch's, because JAX may leave the CUDA
+        """torch's current CUDA device set to the tower's around JAX work and given back after: JAX may leave the CUDA
         runtime on another GPU (a tower on cuda:1 found torch on cuda:0 after loading; 2 x H100, JAX 0.11.2), and
         torch reads it (DLPack export, and SGLang's own work after the tower)."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(jax.default_device(self._jax_device))
-        if self.device.type == "cuda":
-            stack.enter_context(torch.cuda.device(self.device))
-        return stack
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _ready(self) -> vitjax.Encoder:
         if self.encoder is None:

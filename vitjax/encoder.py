@@ -131,11 +131,10 @@ class Encoder:
     def from_params(cls, cfg: VisionConfig, params: weights.Params, dtype: str = "bfloat16", **kw) -> Encoder:
         """Build from a nested parameter dict (as `weights.load_hf` returns), cast to `dtype`."""
         dtype = tower_dtype(dtype)
-        _check_settings(cfg, dtype, kw)
+        first = _check_settings(cfg, dtype, kw)[0]  # built there: a GPU the encoder does not use gets nothing
         weights.check_params(params, cfg, "from_params")
         model = abstract_tower(cfg, dtype)
         state = nnx.state(model)
-        first = pick_devices(kw.get("devices"))[0]  # built there: a GPU the encoder does not use gets nothing
         nnx.replace_by_pure_dict(state, jax.tree.map(lambda a: jax.device_put(np.asarray(a, dtype), first), params))
         nnx.update(model, state)
         return cls(cfg, model, **kw)
@@ -163,11 +162,11 @@ class Encoder:
         """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""
         dtype = tower_dtype(dtype)
         named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
-        _check_settings(VisionConfig.from_hf(path), dtype, kw)  # then config.json (in either kind of folder) is read
+        cfg = VisionConfig.from_hf(path)  # config.json, in either kind of folder
+        _check_settings(cfg, dtype, kw)
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
         else:
-            cfg = VisionConfig.from_hf(path)
             params = weights.load_hf(path, cfg, progress=progress)
         return cls.from_params(cfg, params, dtype, **{"model_id": str(Path(path).resolve()), **kw})
 
@@ -176,9 +175,11 @@ class Encoder:
         """Random weights (smoke runs and benchmarks); `cfg` may be a preset name."""
         cfg = VisionConfig.preset(cfg) if isinstance(cfg, str) else cfg
         dtype = tower_dtype(dtype)
-        _check_settings(cfg, dtype, kw)
+        first = _check_settings(cfg, dtype, kw)[0]
         kw.setdefault("model_id", f"random:{seed}:{cfg}")
-        return cls(cfg, VisionTower(cfg, dtype=dtype, rngs=nnx.Rngs(seed)), **kw)
+        with jax.default_device(first):  # drawn there: a GPU the encoder does not use gets nothing
+            model = VisionTower(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
+        return cls(cfg, model, **kw)
 
     @property
     def num_params(self) -> int:
@@ -380,12 +381,15 @@ class Encoder:
             claimed.discard(key)  # only now: until it is put or abandoned, a failure must still abandon it
 
 
-def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> None:
+def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> list[jax.Device]:
     """Refuse an encoder's settings (`Encoder.__init__`'s keywords) before any weight is read, drawn or copied: the
-    attention path against the dtype, the devices and their sequence-parallel groups, the buckets against those."""
+    attention path against the dtype, the devices and their sequence-parallel groups, the buckets against those.
+    Returns the devices picked."""
     named_implementation(kw.get("attention"), dtype)
-    groups = device_groups(pick_devices(kw.get("devices")), kw.get("sequence_parallel", 1), cfg.num_heads)
+    picked = pick_devices(kw.get("devices"))
+    groups = device_groups(picked, kw.get("sequence_parallel", 1), cfg.num_heads)
     (kw.get("buckets") or BucketPolicy()).check_group(len(groups[0]))
+    return picked
 
 
 def _settled(value: object) -> object:
