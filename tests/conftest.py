@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import os
 import shutil
@@ -130,7 +131,19 @@ def hf_outputs(model: Qwen3VLVisionModel, pixels: np.ndarray, grids) -> np.ndarr
     """HF's merged output and deepstack features in SGLang's column layout."""
     with torch.no_grad():
         out = model(torch.from_numpy(pixels), grid_thw=torch.tensor(grids))
-    return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).numpy()
+    return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().numpy()
+
+
+def bf16_error_ratio(got: np.ndarray, model: Qwen3VLVisionModel, pixels: np.ndarray, grids) -> float:
+    """A bf16 tower's mean abs error against HF fp32 (`model`), over that of HF's own tower run in bf16 (a copy).
+
+    The tests hold bf16 towers to <= 1.5: a right one measures ~1.0, one with a bias or norm left at zero 1.8-3.8,
+    where a cosine against fp32 (0.9996-0.9999 for those) would pass it."""
+    ref = hf_outputs(model, pixels, grids)
+    hf_bf16 = hf_outputs(copy.deepcopy(model).to(torch.bfloat16), pixels, grids)
+    mae, hf_mae = float(np.abs(got - ref).mean()), float(np.abs(hf_bf16 - ref).mean())
+    print(f"bf16 mean abs error vs HF fp32: {mae:.3g}, HF's own bf16 {hf_mae:.3g}")
+    return mae / hf_mae
 
 
 def assert_close_to_scale(got: np.ndarray, ref: np.ndarray, rel: float = 1e-5) -> None:

@@ -85,6 +85,9 @@ def test_the_warm_up_set_holds_every_call_of_frames_of_the_minimum_size_or_more(
     for n in range(1, policy.segments[-1] + 1):
         if n * frame <= policy.tokens[-1]:
             assert policy.fit(n * frame, n) in warm, (n, frame)
+
+
+def test_policy_refuses_bad_sizes():
     with pytest.raises(ValueError, match="multiples of 4"):
         BucketPolicy(tokens=(6,))
     for granule in (0, -1024):  # else a call past the ladder would divide by zero, or get a 0-token bucket

@@ -321,7 +321,7 @@ def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):
     with safe_open(out, "np") as f:
         meta = json.loads(f.metadata()["vitjax"])
     assert meta["dtype"] == "float32" and meta["model"] == str(checkpoint.resolve()) and meta["vitjax_version"]
-    assert meta["images"][3] == {"index": 3, "source": bad, "error": meta["images"][3]["error"]}
+    assert meta["images"][3] == {"index": 3, "source": bad, "error": "no such file"}
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
     width = enc.cfg.out_hidden_size
     for i, path in enumerate(PHOTOS[:3]):

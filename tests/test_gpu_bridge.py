@@ -7,12 +7,13 @@ sets it) and the CPU adapter runs beside it, so run:
 
 Shows: pixel rows read in place and features handed back in place (same device pointers), no race with torch
 work queued on the caller's stream just before and just after the call (default and side stream), features
-that outlive the JAX arrays, and outputs equal to HF fp32 (8B config, bf16 tower) and to the CPU adapter
-(tiny config) within bf16 tolerance. Prints each framework's memory peak.
+that outlive the JAX arrays, and outputs as close to HF fp32 as HF's own bf16 tower (8B config, bf16 tower) and
+close to the CPU adapter (tiny config). Prints each framework's memory peak.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 import torch
-from conftest import GRIDS, TINY, hf_outputs, hf_vision_config, hf_vision_model, pixels_for
+from conftest import GRIDS, TINY, bf16_error_ratio, hf_outputs, hf_vision_config, hf_vision_model, pixels_for
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 import bridge
@@ -45,6 +46,12 @@ CUDA = torch.device("cuda", 0)
 def _cos(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
     a, b = (np.asarray(torch.as_tensor(x).detach().double().cpu()).ravel() for x in (a, b))
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _hf(model: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """HF's output (float32) in SGLang's column layout, on the GPU."""
+    out = model(pixels.to(model.dtype), grid_thw=torch.tensor(GRIDS_8B, device=CUDA))
+    return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float()
 
 
 def _tower(hf: torch.nn.Module, cfg: vitjax.VisionConfig, device: torch.device | str) -> bridge.JaxVisionTower:
@@ -92,8 +99,7 @@ def test_cuda_tower_equals_hf_fp32_and_reads_pixels_in_place(hf8b, tower8b, monk
     tokens = sum(layout.grid_tokens(g) for g in GRIDS_8B)
     pixels = torch.randn(tokens, cfg.patch_dim, device=CUDA, generator=torch.Generator(CUDA).manual_seed(1))
     with torch.inference_mode():
-        out = hf(pixels, grid_thw=torch.tensor(GRIDS_8B, device=CUDA))
-        ref = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+        ref, hf_bf16 = (_hf(model, pixels) for model in (hf, copy.deepcopy(hf).to(torch.bfloat16)))
     rows = pixels.to(torch.bfloat16)
     assert dlpack.to_jax(rows).unsafe_buffer_pointer() == rows.data_ptr()
     spy = Spy(tower8b.encoder)
@@ -104,9 +110,10 @@ def test_cuda_tower_equals_hf_fp32_and_reads_pixels_in_place(hf8b, tower8b, monk
     assert features.device == CUDA and features.dtype == torch.bfloat16
     assert features.shape == (tokens // 4, tower8b.out_hidden_size)
     for i, (start, n) in enumerate(layout.split_points(GRIDS_8B)):
-        cos = _cos(features[start : start + n], ref[start : start + n])
-        print(f"8B image {i} {GRIDS_8B[i]}: cos {cos:.6f} (CUDA tower bf16 vs HF fp32)")
-        assert cos > 0.995, (i, cos)
+        got, want = features[start : start + n].float(), ref[start : start + n]
+        mae, hf_mae = float((got - want).abs().mean()), float((hf_bf16[start : start + n] - want).abs().mean())
+        print(f"8B image {i} {GRIDS_8B[i]} vs HF fp32: cos {_cos(got, want):.6f} mae {mae:.3e} (HF bf16 {hf_mae:.3e})")
+        assert mae <= 1.5 * hf_mae, (i, mae, hf_mae)
     # The same rows from the host (copied up in chunks) give the same features.
     assert torch.equal(tower8b(rows.cpu(), torch.tensor(GRIDS_8B)), features)
     # One image: the features are a copy of the encoder's row view (SGLang's cache counts a tensor's own bytes).
@@ -162,13 +169,13 @@ def test_cuda_tower_equals_cpu_tower_and_hf():
     assert (cpu.device.type, gpu.device) == ("cpu", CUDA)
     cos_cpu, cos_hf = _cos(gpu, cpu), _cos(gpu, ref)
     print(f"tiny: CUDA vs CPU adapter cos {cos_cpu:.6f}, CUDA vs HF fp32 cos {cos_hf:.6f}")
-    assert cos_cpu > 0.999 and cos_hf > 0.999, (cos_cpu, cos_hf)
+    assert cos_cpu > 0.999 and bf16_error_ratio(gpu.float().cpu().numpy(), hf, pixels, GRIDS) <= 1.5
 
 
 LAST_GPU = """
 import json, sys
 import numpy as np, torch
-from conftest import GRIDS, TINY, hf_outputs, hf_vision_model, pixels_for
+from conftest import GRIDS, TINY, bf16_error_ratio, hf_vision_model, pixels_for
 import bridge
 k = torch.cuda.device_count() - 1
 torch.cuda.set_device(k)  # as SGLang's TP rank k does before it builds the model
@@ -179,12 +186,11 @@ pixels = pixels_for(GRIDS, cfg, seed=5)
 tower = bridge.JaxVisionTower(config=cfg, device=f"cuda:{k}", dtype=torch.bfloat16)
 tower.load(((n, v.numpy()) for n, v in hf.state_dict().items()), where="HF state_dict")
 out = tower(torch.from_numpy(pixels).to(f"cuda:{k}", torch.bfloat16), torch.tensor(GRIDS))
-a, b = out.double().cpu().numpy().ravel(), hf_outputs(hf, pixels, GRIDS).astype(np.float64).ravel()
+ratio = bf16_error_ratio(out.float().cpu().numpy(), hf, pixels, GRIDS)
 import jax
 others = {str(d): d.memory_stats().get("bytes_in_use", 0) for d in jax.devices("gpu") if d.id != k}
 print(json.dumps({"gpu": k, "features": str(out.device), "jax": str(tower.encoder.parallel.engines[0].devices[0]),
-                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), "others": others,
-                  "torch_device": torch.cuda.current_device()}))
+                  "ratio": ratio, "others": others, "torch_device": torch.cuda.current_device()}))
 """
 
 
@@ -200,10 +206,10 @@ def test_tower_on_a_gpu_other_than_the_first():
     run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"tower on cuda:{got['gpu']}: JAX device {got['jax']}, cos vs HF fp32 {got['cos']:.6f}, JAX bytes "
-          f"on the other GPUs {got['others']}")  # fmt: skip
+    print(f"tower on cuda:{got['gpu']}: JAX device {got['jax']}, bf16 error vs HF's own {got['ratio']:.3f}x, JAX "
+          f"bytes on the other GPUs {got['others']}")  # fmt: skip
     k = got["gpu"]
-    assert (got["features"], got["jax"]) == (f"cuda:{k}", f"cuda:{k}") and got["cos"] > 0.999
+    assert (got["features"], got["jax"]) == (f"cuda:{k}", f"cuda:{k}") and got["ratio"] <= 1.5
     assert set(got["others"].values()) == {0}  # nothing of the tower's on the GPUs it does not run on
     assert got["torch_device"] == k  # torch's current device is where the rank left it
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
@@ -214,7 +220,7 @@ def test_tower_on_a_gpu_other_than_the_first():
 TWO_GPUS = """
 import json
 import jax, jax.numpy as jnp, numpy as np, torch
-from conftest import GRIDS, TINY, hf_outputs, hf_vision_model, pixels_for
+from conftest import GRIDS, TINY, bf16_error_ratio, hf_outputs, hf_vision_model, pixels_for
 import bridge, vitjax
 from vitjax.weights import from_named_arrays
 cfg = TINY["hd72"]
@@ -226,9 +232,8 @@ outs = enc.encode_patches(pixels.astype(jnp.bfloat16), np.asarray(GRIDS))
 held = sorted({str(d) for out in outs for d in out.devices()})
 out = bridge.JaxVisionTower(enc)(torch.from_numpy(pixels).to("cuda:0", torch.bfloat16), torch.tensor(GRIDS))
 ref = hf_outputs(hf, pixels, GRIDS)
-a, b = out.double().cpu().numpy().ravel(), ref.astype(np.float64).ravel()
 print(json.dumps({"held": held, "features": str(out.device), "shapes": [list(out.shape), list(ref.shape)],
-                  "cos": float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))}))
+                  "ratio": bf16_error_ratio(out.float().cpu().numpy(), hf, pixels, GRIDS)}))
 """
 
 
@@ -245,6 +250,6 @@ def test_tower_over_an_encoder_on_two_gpus():
     run = subprocess.run([sys.executable, "-c", TWO_GPUS], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"encoder on {got['held']}: features on {got['features']}, cos vs HF fp32 {got['cos']:.6f}")
+    print(f"encoder on {got['held']}: features on {got['features']}, bf16 error vs HF's own {got['ratio']:.3f}x")
     assert got["held"] == ["cuda:0", "cuda:1"] and got["features"] == "cuda:0"
-    assert got["shapes"][0] == got["shapes"][1] and got["cos"] > 0.999
+    assert got["shapes"][0] == got["shapes"][1] and got["ratio"] <= 1.5

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import jax
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import GRIDS, assert_close_to_scale, hf_outputs, pixels_for
+from conftest import GRIDS, assert_close_to_scale, bf16_error_ratio, hf_outputs, pixels_for
 from flax import nnx
 from transformers import vision_utils
 
@@ -263,18 +262,6 @@ def test_video_frames_do_not_attend_to_each_other(loaded):
     assert np.abs(a[6:] - b[6:]).max() > 1e-3
 
 
-def test_images_in_one_call_are_independent(loaded):
-    cfg, _, enc, _ = loaded
-    x = pixels_for(GRIDS, cfg)
-    together = enc.encode_patches(x, np.array(GRIDS))
-    start = 0
-    for grid, out in zip(GRIDS, together, strict=True):
-        n = grid[0] * grid[1] * grid[2]
-        alone = enc.encode_patches(x[start : start + n], np.array([grid]))[0]
-        np.testing.assert_allclose(np.asarray(out), np.asarray(alone), atol=1e-5 * float(np.abs(alone).max()))
-        start += n
-
-
 def test_a_nan_image_leaves_the_others_in_its_call_exact(loaded):
     """A caller's pixel rows with a NaN: that image's embeddings are NaN, as HF's are; the images beside it
     in the same call are what they are alone (the reference attention used to spread it through 0 x NaN)."""
@@ -295,15 +282,10 @@ def test_bfloat16_close_to_hf(loaded):
     mean error of HF's own tower run in bf16."""
     cfg, hf, _, model = loaded
     x = pixels_for(GRIDS, cfg)
-    ref = hf_outputs(hf, x, GRIDS)
     bf = vitjax.Encoder.from_params(cfg, nnx.to_pure_dict(nnx.state(model)), dtype="bfloat16")
     got = np.concatenate([np.asarray(o, np.float32) for o in bf.encode_patches(x, np.array(GRIDS))])
-    with torch.no_grad():
-        out = copy.deepcopy(hf).to(torch.bfloat16)(torch.from_numpy(x), grid_thw=torch.tensor(GRIDS))
-    hf_bf16 = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().numpy()
-    mae, hf_mae = float(np.abs(got - ref).mean()), float(np.abs(hf_bf16 - ref).mean())
-    print(f"bf16 mean abs error vs HF fp32: vitjax {mae:.3g}, HF's own {hf_mae:.3g}")
-    assert bf.dtype == jnp.bfloat16 and 0 < mae <= 1.5 * hf_mae, (mae, hf_mae)
+    assert bf.dtype == jnp.bfloat16
+    assert 0 < bf16_error_ratio(got, hf, x, GRIDS) <= 1.5
 
 
 def test_bad_shapes_are_rejected(loaded):

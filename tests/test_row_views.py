@@ -16,12 +16,16 @@ def test_row_views_share_memory_and_outlive_their_parent():
     expected = np.asarray(x)
     aligned = row_view(x, 8, 20)  # starts 512 bytes in: a view of x's memory
     assert aligned.unsafe_buffer_pointer() - x.unsafe_buffer_pointer() == 8 * 64
-    odd = row_view(x, 3, 5)  # off alignment: a copy
     assert row_view(x, 0, 64) is x
-    del x
+    y = jnp.arange(64 * 30, dtype=jnp.float32).reshape(64, 30)  # 120-byte rows
+    odd = row_view(y, 1, 5)  # starts off every alignment a runtime takes: a copy
+    start, end = y.unsafe_buffer_pointer(), y.unsafe_buffer_pointer() + y.nbytes
+    assert not start <= odd.unsafe_buffer_pointer() < end
+    odd_expected = np.asarray(y)[1:6]
+    del x, y
     gc.collect()
     np.testing.assert_array_equal(aligned, expected[8:28])
-    np.testing.assert_array_equal(odd, expected[3:8])
+    np.testing.assert_array_equal(odd, odd_expected)
 
 
 def test_row_views_through_jax_private_dlpack_entry_points():

@@ -25,6 +25,7 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.numpy import load_file
 from torchvision.transforms.v2 import functional as tvF
+from transformers.models.qwen3_vl import video_processing_qwen3_vl as qwen3_vl_video
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 from transformers.video_utils import VideoMetadata, load_video
 
@@ -139,8 +140,17 @@ def test_sample_indices_equal_hf():
 
 
 @pytest.mark.parametrize("cap", [True, False])
-def test_resized_size_equals_hf(cap):
+def test_resized_size_equals_hf(cap, monkeypatch):
+    """Each size against the (height, width) HF's processor resizes to (its `smart_resize`, seen through
+    `get_num_of_video_patches`, which applies the per-frame cap as `resize` does)."""
     proc = hf_processor(cap)
+    seen, hf_smart_resize = [], qwen3_vl_video.smart_resize
+
+    def recorded(*args, **kwargs) -> tuple[int, int]:
+        seen.append(hf_smart_resize(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(qwen3_vl_video, "smart_resize", recorded)
     rng = np.random.default_rng(1)
     sizes = [tuple(row) for row in rng.integers(2, [800, 2200, 2200], (400, 3)).tolist()]
     sizes += [(2, 1, 1), (3, 16, 16), (768, 1080, 1920), (5, 20, 3000), (4, 3000, 20), (9, 32, 32)]
@@ -148,9 +158,10 @@ def test_resized_size_equals_hf(cap):
         if max(h, w) / min(h, w) > 200:  # the limit is checked below
             continue
         height, width = video_resized_size(t, h, w, cap_pixels_per_frame=cap)
-        assert height % 32 == 0 and width % 32 == 0
         tokens = (t + t % 2) // 2 * (height // 16) * (width // 16)
         assert tokens == proc.get_num_of_video_patches(t, h, w), (t, h, w)
+        assert (height, width) == seen[-1], (t, h, w)
+    assert len(seen) > 390
     with pytest.raises(ValueError, match="at least 2 frames"):
         video_resized_size(1, 100, 100)
     with pytest.raises(ValueError, match="aspect ratio 201 "):
@@ -558,7 +569,7 @@ def test_cli_encodes_a_folder_with_videos(checkpoint, clip_file, tmp_path, capsy
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
     ref = np.asarray(enc.encode_patches(pixels, grid)[0])
     np.testing.assert_allclose(tensors["1.embeds"], ref[:, : enc.cfg.out_hidden_size], rtol=1e-5, atol=1e-5)
-    assert "2.embeds" not in tensors and "error" in meta["images"][2]
+    assert "2.embeds" not in tensors and meta["images"][2]["error"].startswith("cannot decode video (")
 
 
 @pytest.mark.parametrize("flags, fps, frames", [([], 2.0, None), (["--num-frames", "4"], None, 4)])
