@@ -114,7 +114,7 @@ def test_tower_matches_hf(towers):
                 f"image {i} {GRIDS[i]} {impl:>13}: cos {cos:.6f} mae {mae:.3e} | HF bf16 vs fp32: cos {hf_cos:.6f} "
                 f"mae {hf_mae:.3e}"
             )
-            assert cos > 0.995 and mae <= 2 * hf_mae, (impl, i, cos, mae, hf_cos, hf_mae)
+            assert cos > 0.995 and mae <= 1.5 * hf_mae, (impl, i, cos, mae, hf_cos, hf_mae)
     names = list(outs)
     for impl in names[1:]:
         for a, b in zip(outs[names[0]], outs[impl], strict=True):
@@ -194,7 +194,7 @@ def test_fitted_bucket_matches_hf(towers):
         for name, outs in (("ladder", ladder), ("fitted", fitted)):
             cos, mae = _cos_mae(np.asarray(outs[i], np.float32), ref[start : start + rows])
             print(f"4 x 720p, image {i}, {name} bucket: cos {cos:.6f} mae {mae:.3e} | HF bf16 mae {hf_mae:.3e}")
-            assert cos > 0.995 and mae <= 2 * hf_mae, (name, i, cos, mae, hf_mae)
+            assert cos > 0.995 and mae <= 1.5 * hf_mae, (name, i, cos, mae, hf_mae)
 
 
 def test_two_gpus_hold_their_images(towers):
