@@ -49,7 +49,7 @@ from vitjax import buckets, layout  # noqa: E402
 from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile, widen  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
-from vitjax.parallel import DataParallel, split_balanced  # noqa: E402
+from vitjax.parallel import DataParallel, group_rows, split_balanced  # noqa: E402
 from vitjax.row_views import row_view  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
@@ -276,13 +276,14 @@ def threaded_encode(self, pixel_values, grids):
     """`DataParallel.encode` before 2026-11-26: every engine's group through the device threads, empty ones too."""
     sizes = [layout.grid_tokens(g) for g in grids]
     groups = split_balanced(sizes, len(self.engines))
-    first_rows = np.concatenate([[0], np.cumsum(sizes)])
+    first_rows = np.concatenate([[0], np.cumsum(sizes)]).tolist()
 
     def work(pair):
         engine, group = pair
         if not group:
             return []
-        return engine.encode(pixel_values, [grids[i] for i in group], int(first_rows[group.start]))
+        rows = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
+        return engine.encode(rows, [grids[i] for i in group])
 
     pairs = list(zip(self.engines, groups, strict=True))
     outs = [work(pairs[0])] if self._pool is None else list(self._pool.map(work, pairs))

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 
 import vitjax
 from vitjax import layout
-from vitjax.buckets import Bucket, BucketPolicy
+from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cli import main as cli_main
 from vitjax.encoder import abstract_tower
 from vitjax.parallel import pick_devices, split_balanced
@@ -112,8 +112,17 @@ def _close(got, ref, rel=1e-5):
 
 
 @pytest.mark.parametrize("devices", [2, 4])
-def test_data_parallel_equals_single_device(params, devices):
+def test_data_parallel_equals_single_device(params, devices, monkeypatch):
+    """Each engine computes its group of images, given only that group's pixel rows (the others' are not copied to
+    its device)."""
     enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=devices)
+    given, encode = [], Engine.encode
+
+    def spy(engine: Engine, pixels, grids):
+        given.append((engine.devices[0].id, len(pixels)))
+        return encode(engine, pixels, grids)
+
+    monkeypatch.setattr(Engine, "encode", spy)
     x = pixels_for(GRIDS, CFG, seed=5)
     ref = _reference(params, x, GRIDS)
     groups = split_balanced([layout.grid_tokens(g) for g in GRIDS], devices)
@@ -122,7 +131,10 @@ def test_data_parallel_equals_single_device(params, devices):
         devices
     ]
     for pixels in (x, jnp.asarray(x)):  # host pixels, and pixels already on (another) device
+        given.clear()
         outs = enc.encode_patches(pixels, np.array(GRIDS))
+        rows = [(jax.local_devices()[k].id, sum(layout.grid_tokens(GRIDS[i]) for i in g)) for k, g in enumerate(groups)]
+        assert sorted(given) == [r for r in rows if r[1]]
         for k, group in enumerate(groups):
             for i in group:
                 assert outs[i].devices() == {jax.local_devices()[k]}, (i, k)

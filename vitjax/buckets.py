@@ -462,9 +462,8 @@ class Engine:
             times[b] = time.perf_counter() - start
         return times
 
-    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
-        """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
-        rows start at `first_row` of `pixel_values`."""
+    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[Call]:
+        """Dispatch every call of a request (asynchronously); outputs stay on the device."""
         if isinstance(pixel_values, jax.Array) and (
             len(self.devices) > 1 or np.dtype(pixel_values.dtype) not in PIXEL_DTYPES
         ):  # split over the group on the host, or made float32 there (once a request), like any host pixels
@@ -474,7 +473,7 @@ class Engine:
         elif pixel_values.devices() != {self.devices[0]}:  # elsewhere, or spread over several devices
             pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls, wanted = [], []
-        row, dtype = first_row, _pixel_dtype(pixel_values)
+        row, dtype = 0, _pixel_dtype(pixel_values)
         for ladder_bucket, images in self.policy.plan(grids):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
@@ -512,12 +511,10 @@ class Engine:
         finally:
             sys.setswitchinterval(previous)
 
-    def encode(
-        self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0
-    ) -> list[jax.Array]:
+    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
         """Per-image outputs in input order, on the device: zero-copy row views of each call's output."""
         outs: list[jax.Array] = [None] * len(grids)  # type: ignore[list-item]
-        for call in self.run(pixel_values, grids, first_row):
+        for call in self.run(pixel_values, grids):
             for i, view in zip(call.images, row_views(call.output, call.spans), strict=True):
                 outs[i] = view
         return outs

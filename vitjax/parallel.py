@@ -18,6 +18,7 @@ import numpy as np
 
 from vitjax import layout
 from vitjax.buckets import Bucket, Engine
+from vitjax.row_views import row_view
 
 
 def pick_devices(devices: int | str | jax.Device | Sequence[jax.Device] | None) -> list[jax.Device]:
@@ -74,6 +75,13 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
     return [range(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
+def group_rows(pixel_values: np.ndarray | jax.Array, start: int, stop: int) -> np.ndarray | jax.Array:
+    """Rows [start, stop) of a request's pixels: a view of host rows, a zero-copy row view of one device's."""
+    if isinstance(pixel_values, jax.Array):
+        return row_view(pixel_values, start, stop - start)
+    return pixel_values[start:stop]
+
+
 class DataParallel:
     """Engines used together; with one engine it is that engine."""
 
@@ -97,14 +105,18 @@ class DataParallel:
         return {b: max(t[b] for t in times) for b in times[0]}
 
     def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
-        """Per-image outputs in input order, each on the engine whose group held the image."""
+        """Per-image outputs in input order, each on the engine whose group held the image; each engine is given its
+        group's rows only (a view), so no device receives, and no host converts, the other groups' pixels."""
         sizes = [layout.grid_tokens(g) for g in grids]
         groups = split_balanced(sizes, len(self.engines))
-        first_rows = np.concatenate([[0], np.cumsum(sizes)])
+        first_rows = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        if isinstance(pixel_values, jax.Array) and len(pixel_values.devices()) > 1:
+            pixel_values = np.asarray(pixel_values)  # spread over devices: gathered on the host once, not per engine
 
         def work(pair: tuple[Engine, range]) -> list[jax.Array]:
             engine, group = pair
-            return engine.encode(pixel_values, [grids[i] for i in group], int(first_rows[group.start]))
+            rows = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
+            return engine.encode(rows, [grids[i] for i in group])
 
         # Empty groups come last: a request of one image (or fewer images than engines) skips their thread hops.
         busy = [(engine, group) for engine, group in zip(self.engines, groups, strict=True) if group]
