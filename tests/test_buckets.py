@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,31 @@ def test_policy_refuses_bad_sizes():
     for granule in (0, -1024):  # else a call past the ladder would divide by zero, or get a 0-token bucket
         with pytest.raises(ValueError, match=f"bucket granule must be a positive multiple of 4, got {granule}"):
             BucketPolicy(granule=granule)
+
+
+def test_padded_plans_cut_a_long_frame_away_from_many_short_ones():
+    """cuDNN's padded batch gives every slot the longest frame's length: a 16.7 MP photo among 19 small ones would be
+    64 slots x 65,536 rows (9 GiB for each of q, k, v at the 8B tower); the padded plan keeps it with 3 of them."""
+    policy = BucketPolicy()
+    grids = [(1, 256, 256)] + [(1, 40, 38)] * 19
+    assert [(b, len(c)) for b, c in policy.plan(grids)] == [(Bucket(98304, 64), 20)]
+    padded = policy.plan(grids, padded=True)
+    assert [(b, c) for b, c in padded] == [(Bucket(81920, 4), [0, 1, 2, 3]), (Bucket(24576, 16), list(range(4, 20)))]
+    rows = [policy.padded_rows(b, max(grids[i][1] * grids[i][2] for i in c)) for b, c in padded]
+    assert rows == [4 * 65536, 16 * 1536]
+
+
+def test_padded_plans_of_equal_frames_are_the_packed_ones():
+    """Calls of equal frames (images, or one video's slices) are never cut for the padded batch's sake, at any frame
+    size and count the default ladders hold."""
+    policy = BucketPolicy()
+    for frame in [*range(4, 4096, 4), *range(4096, 65537, 64)]:
+        for n in range(1, policy.segments[-1] + 1):
+            if n * frame > policy.tokens[-1]:
+                break
+            bucket = policy.fit(n * frame, n)
+            assert policy.padded_rows(bucket, frame) <= max(buckets.PADDED_EXCESS * bucket.tokens, 2 * 131072)
+    assert policy.plan([(1, 60, 80)] * 20, padded=True) == policy.plan([(1, 60, 80)] * 20)
 
 
 def test_policy_fitted_buckets():
@@ -310,6 +336,39 @@ def test_a_warm_up_compiles_a_bucket_itself_where_its_background_compile_failed(
     enc.warmup([Bucket(224, 8)], run=False)  # the background compile's error is not the warm-up's
     assert tries == [Bucket(256, 8), Bucket(224, 8), Bucket(224, 8)] and not engine._fitting
     assert _bucket_rows(engine, x, grids) == [224]
+
+
+def test_a_fitted_compile_finishing_after_a_warm_up_compiled_its_bucket_leaves_the_warm_ups():
+    """A call can submit a fitted compile between a warm-up's two looks at the tables, so both compile the bucket.
+    The warm-up's executable stays when the other finishes, outside the fitted bound (it is never dropped)."""
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    enc.warmup([Bucket(224, 8)], run=False)
+    ((key, warmed),) = engine._executables.items()
+    late = Future()
+    late.set_result(object())
+    engine._fitting[key] = late
+    with engine._fit_lock:
+        assert engine._install(key)
+    assert engine._executables[key] is warmed and not engine._fitted and not engine._fitting
+
+
+EXIT_WITH_QUEUED_FITS = """
+import time
+from vitjax import buckets
+def fit(i):
+    print("compiling", i, flush=True)
+    time.sleep(2)
+futures = [buckets._FITTER.submit(fit, i) for i in range(4)]
+time.sleep(0.5)
+"""
+
+
+def test_fitted_compiles_still_queued_at_exit_are_dropped():
+    """A process that is done does not wait for the fitted compiles still queued: only the running one finishes."""
+    run = subprocess.run([sys.executable, "-c", EXIT_WITH_QUEUED_FITS], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["compiling 0"]
 
 
 def test_default_sampled_videos_fit_the_segment_ladder():

@@ -74,6 +74,10 @@ LAYOUT_CACHE = 16
 # 4-32 720p images ran 6-8% faster, of 2-8 2K images 1-4%, the 20 photos (96,256 tokens, not 98,304) 0-3% (NOTES).
 FIT_GRANULE = 2048
 FIT_AFTER = 2
+# A call on cuDNN's padded path holds at most this many times its bucket's tokens in its padded batch (slots x the
+# longest frame's length), or twice the largest ladder bucket. Calls of equal frames, images or a video's, stay within
+# it on the default ladders (checked for every frame size and count); only a mix of long and short frames is cut.
+PADDED_EXCESS = 8
 # Fitted executables kept per engine (least recently used dropped; a size dropped d times needs FIT_AFTER * 2**d calls
 # to compile again), and call sizes remembered toward that (and their drops).
 FITTED_EXECUTABLES = 16
@@ -150,19 +154,39 @@ class BucketPolicy:
         t = -(-tokens // self.fit_granule) * self.fit_granule if self.fit_granule else bucket.tokens
         return Bucket(t, bucket.segments) if t < bucket.tokens else None
 
-    def plan(self, grids: Sequence[layout.Grid]) -> list[tuple[Bucket, list[int]]]:
-        """Cut a request into calls of whole images, in input order, each as full as the largest bucket allows."""
+    def plan(self, grids: Sequence[layout.Grid], padded: bool = False) -> list[tuple[Bucket, list[int]]]:
+        """Cut a request into calls of whole images, in input order, each as full as the largest bucket allows.
+
+        With `padded` (cuDNN over a padded batch, `attention.padded_batch`) a call also ends before an image that
+        would make its batch (`padded_rows`) more than `PADDED_EXCESS` times its bucket's tokens and twice the largest
+        ladder bucket's: every slot is as long as the longest frame, so one large photo among many small ones would
+        ask for tens of GiB.
+        """
         calls: list[list[int]] = []
-        tokens = segments = 0
+        tokens = segments = longest = 0
         for i, grid in enumerate(grids):
-            n, s = layout.grid_tokens(grid), grid[0]
-            if calls and tokens + n <= self.tokens[-1] and segments + s <= self.segments[-1]:
+            n, s, frame = layout.grid_tokens(grid), grid[0], grid[1] * grid[2]
+            fits = bool(calls) and tokens + n <= self.tokens[-1] and segments + s <= self.segments[-1]
+            if fits and padded:
+                bucket = self.fit(tokens + n, segments + s)
+                limit = max(PADDED_EXCESS * bucket.tokens, 2 * self.tokens[-1])
+                fits = self.padded_rows(bucket, max(longest, frame)) <= limit
+            if fits:
                 calls[-1].append(i)
-                tokens, segments = tokens + n, segments + s
+                tokens, segments, longest = tokens + n, segments + s, max(longest, frame)
             else:
                 calls.append([i])
-                tokens, segments = n, s
+                tokens, segments, longest = n, s, frame
         return [(self.fit(sum(layout.grid_tokens(grids[i]) for i in c), sum(grids[i][0] for i in c)), c) for c in calls]
+
+    def padded_rows(self, bucket: Bucket, longest_frame: int) -> int:
+        """The rows of a call's padded batch: its bucket's slots, each of the ladder size holding its longest frame."""
+        return bucket.segments * self.padded_length(bucket, longest_frame)
+
+    def padded_length(self, bucket: Bucket, longest_frame: int) -> int:
+        """A padded batch's slot length (static, compiled per bucket and length): the smallest ladder size holding the
+        call's longest frame."""
+        return min(bucket.tokens, self.fit(longest_frame, 1).tokens)
 
     def buckets(self) -> list[Bucket]:
         """The default warm-up set: the first slot rung at every token size, and every other pair of the ladders that a
@@ -281,13 +305,9 @@ class Engine:
         self._state = self.placed(state)
 
     def _max_length(self, bucket: Bucket, longest_frame: int) -> int:
-        """Static padded-batch row length: the smallest ladder size holding the longest frame (packed: unused).
-
-        So the padded fallback compiles per (bucket, row length) on first use; warm-up guesses equal frames.
-        """
-        if self.impl != "cudnn_padded":
-            return 0
-        return min(bucket.tokens, self.policy.fit(longest_frame, 1).tokens)
+        """The padded batch's slot length (`BucketPolicy.padded_length`; packed paths: unused, 0). So the padded path
+        compiles per (bucket, slot length) on first use; warm-up guesses equal frames."""
+        return self.policy.padded_length(bucket, longest_frame) if self.impl == "cudnn_padded" else 0
 
     def _chunk_rows(self, tokens: int) -> int:
         """Rows per pixel chunk: a divisor of each device's share of the bucket."""
@@ -414,6 +434,8 @@ class Engine:
         dropped past `FITTED_EXECUTABLES`), or into `_unfit` with a warning if it failed; under `_fit_lock`."""
         future = self._fitting.pop(key)
         self._sightings.pop(key, None)
+        if key in self._executables:  # a warm-up compiled it meanwhile: that one stays, outside the fitted bound
+            return True
         try:
             self._executables[key] = future.result()
         except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
@@ -474,7 +496,7 @@ class Engine:
             pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls, wanted = [], []
         row, dtype = 0, _pixel_dtype(pixel_values)
-        for ladder_bucket, images in self.policy.plan(grids):
+        for ladder_bucket, images in self.policy.plan(grids, padded=self.impl == "cudnn_padded"):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
             key, fitted = self._fit(ladder_bucket, rows, dtype, max(g[1] * g[2] for g in call_grids), wanted)
@@ -498,7 +520,7 @@ class Engine:
                 tables = (self._fitting, self._executables, self._building, self._unfit)
                 for key in wanted:
                     if not any(key in table for table in tables) and len(self._fitting) < FIT_QUEUE:
-                        self._fitting[key] = _fitter().submit(self._compile_beside_calls, *key)
+                        self._fitting[key] = _FITTER.submit(self._compile_beside_calls, *key)
         return calls
 
     def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
@@ -600,10 +622,18 @@ class Engine:
         return self._zero_chunks[key]
 
 
-@functools.cache
-def _fitter() -> concurrent.futures.ThreadPoolExecutor:
-    """The one background thread that compiles fitted buckets, for every engine of the process."""
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vitjax-fit")
+# The one background thread that compiles fitted buckets, for every engine of the process (started by the first).
+_FITTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vitjax-fit")
+
+
+def _drop_queued_fits() -> None:
+    """At exit, the fitted compiles still queued are cancelled (a running one finishes): Python joins its worker
+    threads at exit, and would otherwise run every queued compile first, for calls that will never come."""
+    _FITTER.shutdown(wait=False, cancel_futures=True)
+
+
+# Private: its hooks run before Python joins worker threads at exit (`atexit`'s run after); checked on 3.11 and 3.12.
+threading._register_atexit(_drop_queued_fits)  # noqa: SLF001
 
 
 def _pixel_dtype(pixels: np.ndarray | jax.Array) -> np.dtype:
