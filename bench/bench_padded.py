@@ -40,8 +40,8 @@ def measure(path: str, workload: str, calls: int) -> dict:
     from vitjax.buckets import BucketPolicy
 
     if path == "one_call":  # the plan before padded calls were cut
-        plan = BucketPolicy.plan
-        BucketPolicy.plan = lambda self, grids, padded=False: plan(self, grids)
+        whole = BucketPolicy.plan
+        BucketPolicy.plan = lambda self, grids, padded=False: whole(self, grids)
     enc = vitjax.Encoder.random("qwen3-vl-8b", attention="cudnn_padded", cache_bytes=0)
     grids = WORKLOADS[workload]
     rows = sum(t * h * w for t, h, w in grids)
