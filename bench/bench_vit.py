@@ -282,8 +282,8 @@ def threaded_encode(self, pixel_values, grids):
         engine, group = pair
         if not group:
             return []
-        rows = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
-        return engine.encode(rows, [grids[i] for i in group])
+        rows, first = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
+        return engine.encode(rows, [grids[i] for i in group], first)
 
     pairs = list(zip(self.engines, groups, strict=True))
     outs = [work(pairs[0])] if self._pool is None else list(self._pool.map(work, pairs))

@@ -4,6 +4,7 @@ each on its own device; a warm multi-device encoder never compiles; bad splits a
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -16,7 +17,7 @@ from PIL import Image
 from safetensors.numpy import load_file
 
 import vitjax
-from vitjax import layout
+from vitjax import buckets, layout, parallel
 from vitjax.buckets import Bucket, BucketPolicy, Engine
 from vitjax.cli import main as cli_main
 from vitjax.encoder import abstract_tower
@@ -113,32 +114,45 @@ def _close(got, ref, rel=1e-5):
 
 @pytest.mark.parametrize("devices", [2, 4])
 def test_data_parallel_equals_single_device(params, devices, monkeypatch):
-    """Each engine computes its group of images, given only that group's pixel rows (the others' are not copied to
-    its device)."""
+    """Each engine computes its group of images, given only that group's pixel rows: on the host exactly those, on a
+    device a view of at least a chunk's rows around them (engines read device rows a chunk at a time)."""
+    monkeypatch.setattr(buckets, "MAX_CHUNK_ROWS", 64)  # a group shorter than a chunk, with four devices
+    monkeypatch.setattr(parallel, "MAX_CHUNK_ROWS", 64)
     enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=devices)
-    given, encode = [], Engine.encode
+    given, encode, host_path = [], Engine.encode, []
 
-    def spy(engine: Engine, pixels, grids):
-        given.append((engine.devices[0].id, len(pixels)))
-        return encode(engine, pixels, grids)
+    def spy(engine: Engine, pixels, grids, first_row):
+        given.append((engine.devices[0].id, len(pixels), first_row))
+        return encode(engine, pixels, grids, first_row)
 
     monkeypatch.setattr(Engine, "encode", spy)
+    monkeypatch.setattr(np, "asarray", functools.partial(_noting_device_arrays, host_path, np.asarray))
     x = pixels_for(GRIDS, CFG, seed=5)
     ref = _reference(params, x, GRIDS)
     groups = split_balanced([layout.grid_tokens(g) for g in GRIDS], devices)
     # 616 tokens, the largest image 288: two devices take 328 + 288, four need only three (<= 288 each)
-    assert [sum(layout.grid_tokens(GRIDS[i]) for i in g) for g in groups] == {2: [328, 288], 4: [272, 56, 288, 0]}[
-        devices
-    ]
-    for pixels in (x, jnp.asarray(x)):  # host pixels, and pixels already on (another) device
+    rows = [sum(layout.grid_tokens(GRIDS[i]) for i in g) for g in groups]
+    assert rows == {2: [328, 288], 4: [272, 56, 288, 0]}[devices]
+    ids = [d.id for d in jax.local_devices()]
+    for pixels, shares in [
+        (x, [(ids[k], n, 0) for k, n in enumerate(rows) if n]),  # host pixels
+        (jnp.asarray(x), [(ids[k], max(n, 64), 0) for k, n in enumerate(rows) if n]),  # on (another) device
+    ]:
         given.clear()
+        host_path.clear()
         outs = enc.encode_patches(pixels, np.array(GRIDS))
-        rows = [(jax.local_devices()[k].id, sum(layout.grid_tokens(GRIDS[i]) for i in g)) for k, g in enumerate(groups)]
-        assert sorted(given) == [r for r in rows if r[1]]
+        assert sorted(given) == shares and not host_path
         for k, group in enumerate(groups):
             for i in group:
                 assert outs[i].devices() == {jax.local_devices()[k]}, (i, k)
                 _close(np.asarray(outs[i]), ref[i])
+
+
+def _noting_device_arrays(seen: list, asarray, a, *args, **kw):
+    """`np.asarray` that notes each JAX array it is given (device rows taken to the host)."""
+    if isinstance(a, jax.Array):
+        seen.append(a.shape)
+    return asarray(a, *args, **kw)
 
 
 def test_warm_data_parallel_encoder_never_compiles(params):

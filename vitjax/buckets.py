@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import math
@@ -436,6 +437,8 @@ class Engine:
         self._sightings.pop(key, None)
         if key in self._executables:  # a warm-up compiled it meanwhile: that one stays, outside the fitted bound
             return True
+        if future.cancelled():  # at exit (`_drop_queued_fits`): not a failure of the bucket
+            return False
         try:
             self._executables[key] = future.result()
         except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
@@ -484,8 +487,9 @@ class Engine:
             times[b] = time.perf_counter() - start
         return times
 
-    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[Call]:
-        """Dispatch every call of a request (asynchronously); outputs stay on the device."""
+    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
+        """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
+        rows start at `first_row` of `pixel_values`."""
         if isinstance(pixel_values, jax.Array) and (
             len(self.devices) > 1 or np.dtype(pixel_values.dtype) not in PIXEL_DTYPES
         ):  # split over the group on the host, or made float32 there (once a request), like any host pixels
@@ -495,7 +499,7 @@ class Engine:
         elif pixel_values.devices() != {self.devices[0]}:  # elsewhere, or spread over several devices
             pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls, wanted = [], []
-        row, dtype = 0, _pixel_dtype(pixel_values)
+        row, dtype = first_row, _pixel_dtype(pixel_values)
         for ladder_bucket, images in self.policy.plan(grids, padded=self.impl == "cudnn_padded"):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
@@ -520,7 +524,10 @@ class Engine:
                 tables = (self._fitting, self._executables, self._building, self._unfit)
                 for key in wanted:
                     if not any(key in table for table in tables) and len(self._fitting) < FIT_QUEUE:
-                        self._fitting[key] = _FITTER.submit(self._compile_beside_calls, *key)
+                        try:
+                            self._fitting[key] = _FITTER.submit(self._compile_beside_calls, *key)
+                        except RuntimeError:  # the process is exiting: the call is served, its size is not fitted
+                            break
         return calls
 
     def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
@@ -533,10 +540,12 @@ class Engine:
         finally:
             sys.setswitchinterval(previous)
 
-    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
+    def encode(
+        self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0
+    ) -> list[jax.Array]:
         """Per-image outputs in input order, on the device: zero-copy row views of each call's output."""
         outs: list[jax.Array] = [None] * len(grids)  # type: ignore[list-item]
-        for call in self.run(pixel_values, grids):
+        for call in self.run(pixel_values, grids, first_row):
             for i, view in zip(call.images, row_views(call.output, call.spans), strict=True):
                 outs[i] = view
         return outs
@@ -632,8 +641,10 @@ def _drop_queued_fits() -> None:
     _FITTER.shutdown(wait=False, cancel_futures=True)
 
 
-# Private: its hooks run before Python joins worker threads at exit (`atexit`'s run after); checked on 3.11 and 3.12.
-threading._register_atexit(_drop_queued_fits)  # noqa: SLF001
+# Private: its hooks run before Python joins worker threads at exit (`atexit`'s after); checked on 3.11 and 3.12. It
+# refuses once the interpreter is shutting down (an import then): nothing is left to serve.
+with contextlib.suppress(RuntimeError):
+    threading._register_atexit(_drop_queued_fits)  # noqa: SLF001
 
 
 def _pixel_dtype(pixels: np.ndarray | jax.Array) -> np.dtype:

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from vitjax import layout
-from vitjax.buckets import Bucket, Engine
+from vitjax.buckets import MAX_CHUNK_ROWS, Bucket, Engine
 from vitjax.row_views import row_view
 
 
@@ -75,11 +75,18 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
     return [range(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def group_rows(pixel_values: np.ndarray | jax.Array, start: int, stop: int) -> np.ndarray | jax.Array:
-    """Rows [start, stop) of a request's pixels: a view of host rows, a zero-copy row view of one device's."""
-    if isinstance(pixel_values, jax.Array):
-        return row_view(pixel_values, start, stop - start)
-    return pixel_values[start:stop]
+def group_rows(pixel_values: np.ndarray | jax.Array, start: int, stop: int) -> tuple[np.ndarray | jax.Array, int]:
+    """An engine's share of a request's pixels, rows [start, stop): (rows, where its first row is in them). Host rows
+    are a view of exactly those. A device array's are a zero-copy view of at least `MAX_CHUNK_ROWS` rows around them
+    where it has that many (an engine reads device rows a chunk at a time, and a shorter array goes through the
+    host); an array spread over several devices is given whole, as the engine gathers it anyway."""
+    if not isinstance(pixel_values, jax.Array):
+        return pixel_values[start:stop], 0
+    if len(pixel_values.devices()) > 1:
+        return pixel_values, start
+    high = min(pixel_values.shape[0], max(stop, start + MAX_CHUNK_ROWS))
+    low = max(0, min(start, high - MAX_CHUNK_ROWS))
+    return row_view(pixel_values, low, high - low), start - low
 
 
 class DataParallel:
@@ -106,17 +113,15 @@ class DataParallel:
 
     def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
         """Per-image outputs in input order, each on the engine whose group held the image; each engine is given its
-        group's rows only (a view), so no device receives, and no host converts, the other groups' pixels."""
+        group's rows (`group_rows`: a view), so no device receives, and no host converts, the other groups' pixels."""
         sizes = [layout.grid_tokens(g) for g in grids]
         groups = split_balanced(sizes, len(self.engines))
         first_rows = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        if isinstance(pixel_values, jax.Array) and len(pixel_values.devices()) > 1:
-            pixel_values = np.asarray(pixel_values)  # spread over devices: gathered on the host once, not per engine
 
         def work(pair: tuple[Engine, range]) -> list[jax.Array]:
             engine, group = pair
-            rows = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
-            return engine.encode(rows, [grids[i] for i in group])
+            rows, first = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
+            return engine.encode(rows, [grids[i] for i in group], first)
 
         # Empty groups come last: a request of one image (or fewer images than engines) skips their thread hops.
         busy = [(engine, group) for engine, group in zip(self.engines, groups, strict=True) if group]

@@ -47,7 +47,8 @@ RESIZE_THREADS = min(4, os.cpu_count() or 1)
 def smart_resize(
     height: int, width: int, factor: int = 32, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
 ) -> tuple[int, int]:
-    """HF's `smart_resize`: sides become multiples of `factor`, the area lands in [min_pixels, max_pixels].
+    """HF's `smart_resize`: sides become multiples of `factor`, the area lands in [min_pixels, max_pixels] (a little
+    outside where the two are close, or above max_pixels at extreme aspect ratios: HF's rounding, kept).
 
     Uses Python's `round` (half to even: 272/32 = 8.5 rounds to 256) exactly as HF does.
     """
