@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
@@ -347,6 +348,29 @@ def test_a_fitted_compile_finishing_after_a_warm_up_compiled_its_bucket_leaves_t
     with engine._fit_lock:
         assert engine._install(key)
     assert engine._executables[key] is warmed and not engine._fitted and not engine._fitting
+
+
+def test_fitted_compiles_cancelled_or_refused_at_exit_leave_the_calls_served(monkeypatch):
+    """At exit the queued fitted compiles are cancelled and later ones refused: the calls still run in their ladder
+    buckets, with no warning, and no size is marked as one that cannot be fitted."""
+    fitter = ThreadPoolExecutor(1)
+    monkeypatch.setattr(buckets, "_FITTER", fitter)
+    enc = _random_encoder(FIT_POLICY)
+    engine = enc.parallel.engines[0]
+    held = threading.Event()
+    fitter.submit(held.wait, 60)  # the fitting thread busy: what comes next stays queued
+    first, second = [(1, 10, 12), (1, 8, 10)], [(1, 10, 20)]  # 200 tokens (fitted 224), 200 in another bucket
+    x, y = pixels_for(first, CFG, seed=5), pixels_for(second, CFG, seed=7)
+    for _ in range(2):
+        assert _bucket_rows(engine, x, first) == [256]
+    fitter.shutdown(wait=False, cancel_futures=True)  # what `_drop_queued_fits` does
+    held.set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert _bucket_rows(engine, x, first) == [256]
+            assert _bucket_rows(engine, y, second) == [256]  # its fitted compile is refused at submit
+    assert not engine._unfit and not engine._fitting
 
 
 EXIT_WITH_QUEUED_FITS = """

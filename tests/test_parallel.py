@@ -148,6 +148,33 @@ def test_data_parallel_equals_single_device(params, devices, monkeypatch):
                 _close(np.asarray(outs[i]), ref[i])
 
 
+def test_an_engine_reads_its_rows_inside_a_wider_device_view(params, monkeypatch):
+    """A short group at the end of device-resident pixels: its engine gets a chunk's rows ending there, its own rows
+    starting 48 in, and computes what one device does. Pixels spread over the devices are gathered once."""
+    monkeypatch.setattr(buckets, "MAX_CHUNK_ROWS", 64)
+    monkeypatch.setattr(parallel, "MAX_CHUNK_ROWS", 64)
+    grids = [(1, 10, 20)] * 3 + [(1, 4, 4)]  # 200, 200, 200, 16 rows: one image an engine
+    enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=4)
+    given, encode = [], Engine.encode
+
+    def spy(engine: Engine, pixels, grids, first_row):
+        given.append((engine.devices[0].id, len(pixels), first_row))
+        return encode(engine, pixels, grids, first_row)
+
+    monkeypatch.setattr(Engine, "encode", spy)
+    x = pixels_for(grids, CFG, seed=9)
+    ref = _reference(params, x, grids)
+    ids = [d.id for d in jax.local_devices()]
+    outs = enc.encode_patches(jnp.asarray(x), np.array(grids))
+    assert sorted(given) == [(ids[0], 200, 0), (ids[1], 200, 0), (ids[2], 200, 0), (ids[3], 64, 48)]
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("d",))
+    spread = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
+    given.clear()
+    for out, want in zip([*outs, *enc.encode_patches(spread, np.array(grids))], ref * 2, strict=True):
+        _close(np.asarray(out), want)
+    assert sorted(given) == [(ids[0], 200, 0), (ids[1], 200, 0), (ids[2], 200, 0), (ids[3], 16, 0)]  # host rows
+
+
 def _noting_device_arrays(seen: list, asarray, a, *args, **kw):
     """`np.asarray` that notes each JAX array it is given (device rows taken to the host)."""
     if isinstance(a, jax.Array):

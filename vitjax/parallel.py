@@ -79,7 +79,8 @@ def group_rows(pixel_values: np.ndarray | jax.Array, start: int, stop: int) -> t
     """An engine's share of a request's pixels, rows [start, stop): (rows, where its first row is in them). Host rows
     are a view of exactly those. A device array's are a zero-copy view of at least `MAX_CHUNK_ROWS` rows around them
     where it has that many (an engine reads device rows a chunk at a time, and a shorter array goes through the
-    host); an array spread over several devices is given whole, as the engine gathers it anyway."""
+    host). An array spread over several devices is given whole: one engine gathers it on its device (several get
+    host rows, `DataParallel.encode` gathers it once)."""
     if not isinstance(pixel_values, jax.Array):
         return pixel_values[start:stop], 0
     if len(pixel_values.devices()) > 1:
@@ -125,4 +126,6 @@ class DataParallel:
 
         # Empty groups come last: a request of one image (or fewer images than engines) skips their thread hops.
         busy = [(engine, group) for engine, group in zip(self.engines, groups, strict=True) if group]
+        if isinstance(pixel_values, jax.Array) and len(pixel_values.devices()) > 1 and len(busy) > 1:
+            pixel_values = np.asarray(pixel_values)  # spread over devices: gathered on the host once, not per engine
         return [out for outs in self._map(work, busy) for out in outs]
