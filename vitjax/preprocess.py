@@ -167,6 +167,12 @@ def resized_size(
         raise ImageInputError(name or input_name(image), str(e)) from e
 
 
+def video_frame_pixels(num_frames: int, min_pixels: int, max_pixels: int, factor: int = 32) -> int:
+    """HF's per-frame pixel budget for a `num_frames`-frame video (`cap_pixels_per_frame`): `MAX_VIDEO_TOKENS`
+    tokens or an even share of `max_pixels`, whichever is smaller, but at least 1.05 x `min_pixels`."""
+    return max(min(MAX_VIDEO_TOKENS * factor * factor, max_pixels // num_frames), int(min_pixels * 1.05))
+
+
 def video_resized_size(
     num_frames: int,
     height: int,
@@ -179,16 +185,14 @@ def video_resized_size(
 ) -> tuple[int, int]:
     """(height, width) every frame of a `num_frames`-frame video is resized to: HF's `Qwen3VLVideoProcessor.resize`.
 
-    With `cap_pixels_per_frame` the budget is first limited to `MAX_VIDEO_TOKENS` tokens per frame or an even
-    share of `max_pixels` per frame, whichever is smaller, but at least 1.05 x `min_pixels` per frame. Then
+    With `cap_pixels_per_frame` the budget is first limited to `video_frame_pixels` per frame. Then
     HF's video `smart_resize`: sides shorter than `factor` are scaled up (truncating), the aspect ratio must
     stay within 200, sides round (half to even) to multiples of `factor`, and the area times the frame
     count is brought into [min_pixels, max_pixels]. Raises ValueError for fewer than `temporal_factor`
     frames or too extreme an aspect ratio, as HF does.
     """
     if cap_pixels_per_frame:
-        per_frame = max(min(MAX_VIDEO_TOKENS * factor * factor, max_pixels // num_frames), int(min_pixels * 1.05))
-        max_pixels = per_frame * num_frames
+        max_pixels = video_frame_pixels(num_frames, min_pixels, max_pixels, factor) * num_frames
     if num_frames < temporal_factor:
         raise ValueError(
             f"a video needs at least {temporal_factor} frames (one temporal patch), got {num_frames}; "

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from vitjax.checks import is_int, is_positive
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
-from vitjax.preprocess import MAX_PIXELS, MAX_VIDEO_TOKENS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, video_frame_pixels
 from vitjax.video import MAX_FRAMES
 
 # Patches per tower call when encoding images (an image or video of more is a call of its own). With today's tower
@@ -132,10 +132,8 @@ class EncodeSettings:
         image = self.max_pixels // cfg.patch_size**2
         if not videos:
             return image
-        window = (cfg.patch_size * cfg.spatial_merge_size) ** 2
-        per_frame = max(
-            min(MAX_VIDEO_TOKENS * window, self.video_max_pixels // frames), int(self.video_min_pixels * 1.05)
-        )
+        factor = cfg.patch_size * cfg.spatial_merge_size
+        per_frame = video_frame_pixels(frames, self.video_min_pixels, self.video_max_pixels, factor)
         groups = -(-frames // cfg.temporal_patch_size)  # an odd frame count's last group is padded
         return max(image, groups * per_frame // cfg.patch_size**2)
 
