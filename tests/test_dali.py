@@ -138,6 +138,7 @@ def test_dali_decode_is_pils(rows):
     """Rows at the decoded size (no resize) are bit-identical: decode, EXIF orientation, grey, table, patchify."""
     photo = Image.open(PHOTOS[2]).convert("RGB").crop((0, 0, 448, 288))
     inputs = {f"exif{k}.jpg": jpeg(photo, exif=_orientation(k)) for k in range(1, 9)}
+    inputs["exif6-big-endian.jpg"] = jpeg(photo, exif=orientation_exif(6, 3, "MM"))  # a SHORT either way: DALI's
     inputs["progressive.jpg"] = jpeg(photo, progressive=True)
     inputs["grey.jpg"] = jpeg(photo.convert("L"))
     inputs["444.jpg"] = jpeg(photo, subsampling=0)
@@ -175,6 +176,26 @@ BYTE_ORIENTATION_6 = (
     b"Exif\x00\x00II*\x00\x08\x00\x00\x00"  # header, IFD0 at offset 8
     b"\x01\x00\x12\x01\x01\x00\x01\x00\x00\x00\x06\x00\x00\x00\x00\x00\x00\x00"  # one entry, no next IFD
 )
+
+
+def orientation_exif(value: int, kind: int, order: str) -> bytes:
+    """An EXIF block whose one IFD0 entry is Orientation `value`, of TIFF type `kind` (3 SHORT, 4 LONG), in byte
+    `order` ("II" or "MM")."""
+    little = order == "II"
+    end = "little" if little else "big"
+    field = value.to_bytes(2 if kind == 3 else 4, end).ljust(4, b"\x00")
+    entry = (0x0112).to_bytes(2, end) + kind.to_bytes(2, end) + (1).to_bytes(4, end) + field
+    header = b"II*\x00" if little else b"MM\x00*"
+    return b"Exif\x00\x00" + header + (8).to_bytes(4, end) + (1).to_bytes(2, end) + entry + bytes(4)
+
+
+def two_exif_blocks(image: Image.Image, first: int, second: int) -> bytes:
+    """A JPEG with two EXIF segments: PIL (and HF) read the first, DALI the last."""
+    data = jpeg(image, exif=orientation_exif(first, 3, "II"))
+    at = data.index(b"\xff\xe1")
+    end = at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    block = orientation_exif(second, 3, "II")
+    return data[:end] + b"\xff\xe1" + (len(block) + 2).to_bytes(2, "big") + block + data[end:]
 
 
 def test_jpeg_process_reads_the_frame_and_refuses_stray_markers():
@@ -227,12 +248,18 @@ def test_routing(tmp_path):
         "byte": jpeg(photo, exif=BYTE_ORIENTATION_6),
         # An EXIF block that is not TIFF: PIL (and HF) decode the image and ignore it; the routing used to raise.
         "garbled-exif": jpeg(photo, exif=b"Exif\x00\x00" + bytes(range(7, 47))),
+        # DALI reads a big-endian LONG orientation as 0 (no turn) and the last of two EXIF blocks, PIL the first:
+        # both used to go to DALI unturned, their rows scrambled into PIL's grid (cosine 0.32).
+        "long-mm": jpeg(photo, exif=orientation_exif(6, 4, "MM")),
+        "two-exif-6-1": two_exif_blocks(photo, 6, 1),
+        "two-exif-1-6": two_exif_blocks(photo, 1, 6),
     }
     cfg = vitjax.VisionConfig.preset("qwen3-vl-2b")
     with Pipeline(cfg, min_pixels=MIN_PIXELS, max_pixels=SMALL, pixel_dtype=np.float32, dali=DaliRows(cfg)) as pipe:
         items = list(pipe.prepare(list(inputs.items())))
-    assert [item.decoder for item in items] == ["dali", "pil", "pil", "pil", "pil", "pil", "pil", "pil", "pil"]
+    assert [item.decoder for item in items] == ["dali"] + ["pil"] * 11
     assert items[6].grid[1] > items[6].grid[2] and items[7].grid[1] < items[7].grid[2]  # PIL's turn, and not
+    assert items[9].grid == items[10].grid == items[6].grid and items[11].grid == items[0].grid  # as PIL turns them
     assert items[8].grid == items[3].grid  # the garbled EXIF's image, upright as the photo
     assert items[0].digest != items[3].digest  # DALI hashes the file, PIL the pixels: never the same cache entry
 

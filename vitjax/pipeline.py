@@ -118,8 +118,9 @@ class DaliDecoder:
     `PIL.Image.MAX_IMAGE_PIXELS` pixels, whose markers are all in place up to the end-of-image marker that ends
     the file (`jpeg_process`: a truncated or corrupt file goes to PIL, which refuses it by name, rather than
     being decoded in part), of a process DALI decodes as PIL does (baseline, extended, progressive), and with its
-    orientation, if any, as an integer EXIF tag (DALI reads no XMP). DALI's CPU decode of those equals PIL's bit
-    for bit, EXIF orientation included (tests). PIL keeps CMYK/YCCK JPEGs (Adobe's inverted CMYK), MPO,
+    orientation, if any, as one SHORT EXIF tag in the file's only EXIF block (DALI reads no XMP, reads the last of
+    several blocks where PIL reads the first, and a big-endian LONG tag as 0). DALI's CPU decode of those equals
+    PIL's bit for bit, EXIF orientation included (tests). PIL keeps CMYK/YCCK JPEGs (Adobe's inverted CMYK), MPO,
     every other format (alpha, palettes, 16 bits follow HF's conversions there), PIL images and arrays.
     A DALI item's digest is the file's sha256: its pixels exist only inside DALI.
     """
@@ -171,6 +172,14 @@ class DaliDecoder:
             return None
         if not isinstance(orientation, int) or orientation != exif.get(ExifTags.Base.Orientation, 1):
             return None
+        # DALI reads the last EXIF block where PIL reads the first, and a big-endian LONG orientation as 0: it gets
+        # files with at most one block whose orientation, if any, is one SHORT, as PIL writes it.
+        blocks = exif_blocks(data)
+        try:
+            if len(blocks) > 1 or (blocks and orientation_entry(blocks[0]) not in (None, (3, 1))):
+                return None
+        except ValueError:
+            return None
         return (header.width, header.height) if orientation in (5, 6, 7, 8) else (header.height, header.width)
 
 
@@ -182,36 +191,79 @@ _JPEG_SEGMENTS = _JPEG_FRAMES | {0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD, 0xFE, *rang
 _SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # a marker: not a stuffed 0xFF, a restart or fill
 
 
-def jpeg_process(data: bytes) -> int | None:
-    """The start-of-frame marker of a JPEG whose markers are all in place from SOI to EOI, else None.
+def jpeg_segments(data: bytes) -> Iterator[tuple[int, int]]:
+    """(marker, offset) of each segment of a JPEG, SOI to EOI; the walk stops short of EOI (which is last, at the
+    file's end) where a marker is out of place.
 
     DALI decodes a file with a stray marker in its scan data into garbage without an error, where PIL (and HF)
     refuse it; such files go to PIL. Segments are skipped by their lengths, scan data up to its next marker.
     """
     if not data.startswith(b"\xff\xd8"):
-        return None
-    process, i = None, 2
+        return
+    i = 2
     while i + 2 <= len(data):
         if data[i] != 0xFF:
-            return None
+            return
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
             continue
         if marker == 0xD9:
-            return process if i + 2 == len(data) else None
+            if i + 2 == len(data):
+                yield marker, i
+            return
         if marker not in _JPEG_SEGMENTS or i + 4 > len(data):
-            return None
-        if marker in _JPEG_FRAMES:
-            if process is not None:  # one frame a file (hierarchical files, which have more, go to PIL too)
-                return None
-            process = marker
+            return
+        yield marker, i
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
         if marker == 0xDA:
             scan_end = _SCAN_END.search(data, i)
             if scan_end is None:
-                return None
+                return
             i = scan_end.start()
+
+
+def jpeg_process(data: bytes) -> int | None:
+    """The start-of-frame marker of a JPEG whose markers are all in place from SOI to EOI (`jpeg_segments`), else
+    None."""
+    process = None
+    for marker, _ in jpeg_segments(data):
+        if marker == 0xD9:
+            return process
+        if marker in _JPEG_FRAMES:
+            if process is not None:  # one frame a file (hierarchical files, which have more, go to PIL too)
+                return None
+            process = marker
+    return None
+
+
+def exif_blocks(data: bytes) -> list[bytes]:
+    """The payloads of a whole JPEG's EXIF segments (APP1 segments that start "Exif"), in file order."""
+    blocks = []
+    for marker, i in jpeg_segments(data):
+        payload = data[i + 4 : i + 2 + int.from_bytes(data[i + 2 : i + 4], "big")] if marker == 0xE1 else b""
+        if payload.startswith(b"Exif\x00\x00"):
+            blocks.append(payload)
+    return blocks
+
+
+def orientation_entry(block: bytes) -> tuple[int, int] | None:
+    """(TIFF type, count) of the Orientation entry in an EXIF block's first IFD; None without one. Raises ValueError
+    on a block too short or not TIFF."""
+    tiff = block[6:]
+    order = {b"II*\x00": "little", b"MM\x00*": "big"}.get(tiff[:4])
+    if order is None:
+        raise ValueError("not a TIFF header")
+
+    def number(at: int, size: int) -> int:
+        if at + size > len(tiff):
+            raise ValueError("EXIF block cut short")
+        return int.from_bytes(tiff[at : at + size], order)
+
+    ifd = number(4, 4)
+    for entry in range(ifd + 2, ifd + 2 + 12 * number(ifd, 2), 12):
+        if number(entry, 2) == ExifTags.Base.Orientation:
+            return number(entry + 2, 2), number(entry + 4, 4)
     return None
 
 
