@@ -106,6 +106,22 @@ def test_pixel_bounds_no_resize_can_meet_are_refused_before_the_input_is_read(lo
         preprocess_image(b"never read", min_pixels=low, max_pixels=high)
 
 
+@pytest.mark.parametrize(
+    ("setting", "kw"),
+    [
+        ("min_pixels='1'", {"min_pixels": "1"}),
+        ("max_pixels=None", {"max_pixels": None}),
+        ("patch_size must be a positive integer, got 0", {"patch_size": 0}),
+        ("merge_size must be a positive integer, got 2.0", {"merge_size": 2.0}),
+        ("temporal_patch_size must be a positive integer, got 0", {"temporal_patch_size": 0}),
+    ],
+)
+def test_settings_of_another_kind_are_refused_by_name_before_the_input_is_read(setting, kw):
+    """Not a bare TypeError or ZeroDivisionError, nor (temporal_patch_size 0) rows of no columns."""
+    with pytest.raises(ValueError, match=setting):
+        preprocess_image(b"never read", **kw)
+
+
 def test_photos_are_shipped():
     assert len(PHOTOS) >= 6
     assert {p.suffix for p in PHOTOS} == {".jpg", ".png"}

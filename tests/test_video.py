@@ -274,14 +274,18 @@ def test_a_variable_rate_file_equals_hf(tmp_path, sampling):
         assert abs(float(container.streams.video[0].average_rate) - VideoDecoder(str(path)).metadata.average_fps) > 0.1
 
 
-@pytest.mark.parametrize("rotation", [90, -90, 180])
-def test_a_rotated_file_is_turned_upright_as_hf_turns_it(tmp_path, rotation):
-    """A portrait phone video is stored landscape with a display rotation: its frames are turned upright."""
+@pytest.mark.parametrize(
+    "rotation, quarter", [(90, True), (-90, True), (180, False), (45, True), (-45, True), (46, True), (44, False)]
+)
+def test_a_rotated_file_is_turned_upright_as_hf_turns_it(tmp_path, rotation, quarter):
+    """A portrait phone video is stored landscape with a display rotation: its frames are turned upright. Angles
+    round to quarter turns as torchcodec rounds them: halves away from zero, from the display matrix's exact angle
+    (46 degrees is 45.9997 there, which PyAV's integer `frame.rotation` makes 45)."""
     path = write_timed_clip(tmp_path / "rotated.mp4", panned_clip(12), np.arange(12) * 66, rotation)
     ours = preprocess_video(path)
     assert_same(ours, hf_on_path(path))
     h, w = ours[1][0, 1:]
-    assert (h > w) == (rotation != 180)  # 176x256 frames: portrait once turned a quarter
+    assert (h > w) == quarter  # 176x256 frames: portrait once turned a quarter
 
 
 @pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])
@@ -394,6 +398,24 @@ def test_video_settings_are_checked():
             vitjax.Video(clip, **kw)
     with pytest.raises(ValueError, match="min_pixels=4096, max_pixels=0: need 1 <= min_pixels <= max_pixels"):
         preprocess_video(clip, min_pixels=4096, max_pixels=0)
+    # HF divides by zero or indexes an empty sample here; refused by name before the video is read
+    for kw in [{"min_frames": 0}, {"max_frames": 0}, {"max_frames": 2.5}, {"min_frames": 8, "max_frames": 4}]:
+        with pytest.raises(ValueError, match=r"min_frames=.*, max_frames=.*: need integers with 1 <= min_frames"):
+            preprocess_video(Path("/nonexistent.mp4"), **kw)
+    with pytest.raises(ValueError, match="temporal_patch_size must be a positive integer, got 0"):
+        preprocess_video(clip, temporal_patch_size=0)
+
+
+def test_a_frame_list_is_refused_for_any_frame_hf_refuses():
+    """HF stacks every frame before sampling: a frame of another size, or one that cannot be decoded, fails the
+    whole list even where sampling would skip it."""
+    clip = [Image.fromarray(f) for f in panned_clip(6)]
+    odd = Image.fromarray(panned_clip(1)[0][:-8])
+    for sampling in [{}, {"num_frames": 2}, {"fps": 2, "video_fps": 4}]:
+        with pytest.raises(VideoInputError, match="frames differ in size"):
+            preprocess_video(vitjax.Video([*clip[:3], odd, *clip[3:]], **sampling))
+        with pytest.raises(VideoInputError, match="frame 3"):
+            preprocess_video(vitjax.Video([*clip[:3], b"not an image", *clip[3:]], **sampling))
 
 
 # --- the tower on video rows ---------------------------------------------------------------------------------

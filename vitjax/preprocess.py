@@ -28,9 +28,10 @@ import ml_dtypes
 import numpy as np
 from PIL import Image
 
+from vitjax.checks import is_int, is_positive
 from vitjax.images import ImageInputError, input_name, load_image
 from vitjax.resize import resize_bicubic
-from vitjax.video import MAX_FRAMES, MIN_FRAMES, Clip, Video, VideoInputError, open_clip
+from vitjax.video import MAX_FRAMES, MIN_FRAMES, Clip, Video, VideoInputError, check_frame_bounds, open_clip
 
 MAX_ASPECT_RATIO = 200
 # Qwen3-VL's preprocessor_config.json: shortest_edge / longest_edge, in pixels of area.
@@ -136,6 +137,7 @@ def preprocess_image(
     bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway.
     """
     check_pixel_bounds(min_pixels, max_pixels)
+    check_geometry(patch_size, merge_size, temporal_patch_size)
     name = name if name is not None else input_name(image)
     rgb = load_image(image, name)
     height, width = resized_size(rgb, min_pixels, max_pixels, patch_size * merge_size, name)
@@ -153,8 +155,19 @@ def preprocess_image(
 
 def check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:
     """Refuse bounds no resize can meet, before any input is read (else they would surface as each input's error)."""
-    if not 1 <= min_pixels <= max_pixels:
-        raise ValueError(f"min_pixels={min_pixels}, max_pixels={max_pixels}: need 1 <= min_pixels <= max_pixels")
+    if not (is_positive(min_pixels) and is_positive(max_pixels) and 1 <= min_pixels <= max_pixels):
+        raise ValueError(f"min_pixels={min_pixels!r}, max_pixels={max_pixels!r}: need 1 <= min_pixels <= max_pixels")
+
+
+def check_geometry(patch_size: int, merge_size: int, temporal_patch_size: int) -> None:
+    """Refuse a patch geometry that is not three positive integers, before any input is read."""
+    for setting, value in [
+        ("patch_size", patch_size),
+        ("merge_size", merge_size),
+        ("temporal_patch_size", temporal_patch_size),
+    ]:
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{setting} must be a positive integer, got {value!r}")
 
 
 def resized_size(
@@ -292,6 +305,8 @@ def preprocess_video(
     as for `preprocess_image`.
     """
     check_pixel_bounds(min_pixels, max_pixels)
+    check_geometry(patch_size, merge_size, temporal_patch_size)
+    check_frame_bounds(min_frames, max_frames)
     if not isinstance(video, Video):
         video = Video(video, fps=fps, num_frames=num_frames, video_fps=video_fps)
     elif (fps, num_frames, video_fps) != (None, None, None):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,15 @@ def video_name(video: Video, index: int = 0) -> str:
     return os.fspath(video.source) if video.is_file else f"<video #{index}>"
 
 
+def check_frame_bounds(min_frames: int, max_frames: int) -> None:
+    """Refuse sampling bounds that are not whole numbers with 1 <= min_frames <= max_frames, before any input is
+    read (HF divides by zero, or indexes an empty sample)."""
+    if not (is_int(min_frames) and is_int(max_frames) and 1 <= min_frames <= max_frames):
+        raise ValueError(
+            f"min_frames={min_frames!r}, max_frames={max_frames!r}: need integers with 1 <= min_frames <= max_frames"
+        )
+
+
 def sample_indices(
     total: int,
     video_fps: float | None,
@@ -158,9 +168,15 @@ def open_clip(
             raise ValueError("video has no frames")
         else:
             indices = _indices(video, len(source), min_frames, max_frames) if sampled else range(len(source))
-            # each frame sampled decoded once, however often it repeats
-            frames = {i: np.asarray(load_image(source[i], f"{name} frame {i}")) for i in dict.fromkeys(indices)}
-            sizes = {f.shape for f in frames.values()}
+            # Every frame is read, as HF stacks them all before sampling: one of another size, or that cannot be
+            # decoded, fails the video whether or not it is sampled. Each sampled frame is kept once, however often
+            # it repeats.
+            kept, frames, sizes = set(indices), {}, set()
+            for i, item in enumerate(source):
+                frame = np.asarray(load_image(item, f"{name} frame {i}"))
+                sizes.add(frame.shape)
+                if i in kept:
+                    frames[i] = frame
             if len(sizes) > 1:
                 shown = ", ".join(f"{w}x{h}" for h, w, _ in sorted(sizes))
                 raise ValueError(f"frames differ in size ({shown}); a video's frames must share one size")
@@ -226,7 +242,7 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
             first = next(container.decode(stream), None) if times else None
             if first is None:
                 raise VideoInputError(name, "video stream has no frames")
-            turns = _quarter_turns(first.rotation)
+            turns = _quarter_turns(_rotation(first))
             # read while the file is open: the stream's fields live in FFmpeg's memory, freed when it closes
             unit, base_rate = stream.time_base.numerator / stream.time_base.denominator, stream.base_rate
             size = (stream.height, stream.width)
@@ -257,12 +273,24 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
     return Clip(len(wanted), *(size[::-1] if turns % 2 else size), frames, digest)
 
 
+def _rotation(frame) -> float | None:
+    """A decoded frame's display rotation in degrees, as FFmpeg's `av_display_rotation_get` computes it from the
+    display matrix (PyAV's `frame.rotation` truncates it to an integer: 45.9997 becomes 45); None without one."""
+    matrix = next((bytes(d) for d in frame.side_data if d.type.name == "DISPLAYMATRIX"), None)
+    if matrix is None or len(matrix) != 36:
+        return None
+    a, b, _, c, d = np.frombuffer(matrix, "<i4")[:5].astype(float)  # 16.16 fixed point, row-major 3x3
+    if not math.hypot(a, c) or not math.hypot(b, d):
+        return None
+    return -math.degrees(math.atan2(b / math.hypot(b, d), a / math.hypot(a, c)))
+
+
 def _quarter_turns(degrees: float | None) -> int:
     """Counter-clockwise quarter turns that make a frame upright, from its display matrix's rotation (rounded to
-    a multiple of 90 degrees, as torchcodec does)."""
+    a multiple of 90 degrees, halves away from zero, as torchcodec does: 45 degrees is a quarter turn)."""
     if not degrees:
         return 0
-    turns = round(degrees / 90)
+    turns = int(math.copysign(math.floor(abs(degrees) / 90 + 0.5), degrees))
     if not -2 <= turns <= 2:
         raise ValueError(f"rotation of {degrees} degrees is outside [-180, 180]")
     return turns % 4
