@@ -600,6 +600,20 @@ def test_default_warmup_compiles_what_encode_sends():
     assert enc.parallel.compiles == 2
 
 
+def test_buckets_named_for_a_warm_up_are_refused_by_name_before_any_compile():
+    enc = _random_encoder(dtype="bfloat16")
+    for bad, match in [
+        ((0, 1), r"bucket \(0, 1\): tokens and segments must be positive"),
+        ((512, 0), "bucket"),
+        ((66, 1), "a multiple of 4"),
+        ((64.0, 1), "positive integers"),
+        (64, r"\(tokens, segments\)"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            enc.warmup([Bucket(64, 1), bad], run=False)
+    assert enc.parallel.compiles == 0
+
+
 def test_a_warm_up_for_dali_compiles_both_pixel_dtypes_of_buckets_given_once():
     """Where the default decoder is DALI (a GPU with DALI installed), a bf16 tower's warm-up compiles the float32
     programs DALI's rows need beside the bf16 ones, also for buckets given as a generator (read once per dtype)."""

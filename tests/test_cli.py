@@ -91,6 +91,10 @@ def test_version_and_help(capsys):
         ),
         (["--fit-granule", "6"], "--fit-granule 6: must be 0 (off) or a multiple of 4"),
         (["--fit-granule", "-4"], "--fit-granule -4: must be 0 (off) or a multiple of 4"),
+        (
+            ["--devices", "2", "--sequence-parallel", "2", "--fit-granule", "12"],
+            "--fit-granule 12 --sequence-parallel 2: bucket tokens (512, ",
+        ),
         (["--batch-tokens", str(10**12)], f"--batch-tokens {10**12}: a call of {10**12} patches needs 2861022.9 GiB"),
         (  # one image as large as these allow sets the call's size
             ["--pixel-limit", str(2**40), "--max-pixels", str(2**40)],
@@ -370,6 +374,23 @@ def test_an_attention_path_the_dtype_rules_out_is_a_usage_error(tmp_path, capsys
     code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "--dtype", "float32", "-o", str(out))
     assert code == 2 and built == [] and not out.exists()
     assert "--dtype float32: $VITJAX_ATTENTION 'cudnn_padded' takes bfloat16 or float16 towers, not float32" in err
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("flash", "$VITJAX_ATTENTION: unknown attention implementation 'flash'; choose one of"),
+        ("cudnn_padded", "$VITJAX_ATTENTION 'cudnn_padded' runs on CUDA GPUs only, not on cpu devices"),
+    ],
+)
+def test_an_attention_path_that_cannot_run_here_names_the_variable(tmp_path, capsys, monkeypatch, value, message):
+    """Not blamed on --dtype (which was not given), and not found after the model is built (exit 3)."""
+    monkeypatch.setenv("VITJAX_ATTENTION", value)
+    built = []
+    monkeypatch.setattr(vitjax.Encoder, "random", lambda *a, **kw: built.append(a))
+    out = tmp_path / "e.safetensors"
+    code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-2b", "-o", str(out))
+    assert code == 2 and built == [] and not out.exists() and message in one_error_line(err)
 
 
 def test_fit_granule_reaches_the_encoder(checkpoint, tmp_path, capsys, monkeypatch):

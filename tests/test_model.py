@@ -297,6 +297,9 @@ def test_bad_shapes_are_rejected(loaded):
         enc.encode_patches(pixels_for([(1, 3, 4)], cfg), np.array([[1, 3, 4]]))
     with pytest.raises(ValueError, match=r"grid_thw must be an integer array \[n, 3\]"):
         enc.encode_patches(x, np.array([1, 4, 4]))
+    # t*h*w past int64 used to wrap to 16 rows and pass, then fail allocating (MemoryError)
+    with pytest.raises(ValueError, match=r"but grid_thw needs \[36893488147419103248, 1536\]"):
+        enc.encode_patches(x, np.array([[2**61 + 1, 2, 8]]))
 
 
 def test_apply_rotary_appends_extra_columns():

@@ -75,10 +75,22 @@ def test_device_settings_are_refused_before_the_checkpoint_is_read(checkpoint, m
         ({"devices": 3, "sequence_parallel": 2}, "sequence_parallel=2 does not divide the 3 devices"),
         ({"devices": 9}, "asked for 9 devices, but this process has 4"),
         ({"devices": 2, "sequence_parallel": 2, "buckets": odd_buckets}, r"must be multiples of 8 to split"),
+        ({"sequence_parallel": True}, "sequence_parallel must be a positive integer, got True"),
+        ({"buckets": "tight"}, "buckets must be a vitjax.BucketPolicy, got 'tight'"),
+        ({"cache_bytes": "1GB"}, "cache_bytes must be a whole number of bytes, 0 or more"),
+        ({"cache_bytes": -5}, "cache_bytes must be a whole number of bytes, 0 or more"),
     ]
     for settings, match in bad_ones:
         with pytest.raises(ValueError, match=match):
             vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", **settings)
+    with pytest.raises(TypeError, match="unknown Encoder setting.s. devise; the settings are attention, model_id"):
+        vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", devise=2)
+    # cuDNN's and fa4's kernels need CUDA GPUs: named for CPU devices, the path is refused up front
+    with pytest.raises(ValueError, match="attention 'cudnn_padded' runs on CUDA GPUs only, not on cpu devices"):
+        vitjax.Encoder.from_pretrained(checkpoint, dtype="bfloat16", attention="cudnn_padded")
+    monkeypatch.setenv("VITJAX_ATTENTION", "cudnn_padded")
+    with pytest.raises(ValueError, match=r"\$VITJAX_ATTENTION 'cudnn_padded' runs on CUDA GPUs only"):
+        vitjax.Encoder.from_pretrained(checkpoint, dtype="bfloat16")
     assert reads == []
 
 

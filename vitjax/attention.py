@@ -31,12 +31,14 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 IMPLEMENTATIONS = ("fa4", "cudnn_packed", "cudnn_padded", "reference")
+GPU_ONLY = IMPLEMENTATIONS[:3]  # kernels for CUDA GPUs; "reference" is XLA's, for any device
 ENV_VAR = "VITJAX_ATTENTION"
 # Buckets of more segment slots than this hold a video's temporal slices (~480 patches each at HF's defaults), where
 # fa4's 192 x 112 tiles compute ~30% padding and its scheduler pays for every unused slot: the automatic choice gives
@@ -276,7 +278,8 @@ def fa4_available() -> bool:
 def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str = "attention") -> str:
     """`impl` if it can run here on towers of `dtype` (any, when None), else a ValueError naming `setting`."""
     if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
+        where = "" if setting == "attention" else f"{setting}: "
+        raise ValueError(f"{where}unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
     if impl != "reference" and not _flash_takes(dtype):
         raise ValueError(
             f"{setting} {impl!r} takes {' or '.join(FLASH_DTYPES)} towers, not {jnp.dtype(dtype).name}; "
@@ -287,6 +290,17 @@ def check_implementation(impl: str, dtype: DTypeLike | None = None, setting: str
     if impl == "fa4" and fa4_version() is None:
         raise ValueError("attention 'fa4' needs the fa4-jax package: pip install 'vitjax[fa4]'")
     return impl
+
+
+def check_devices(impl: str | None, devices: Sequence[jax.Device], setting: str = "attention") -> None:
+    """Refuse a named flash path (fa4, cuDNN's) for devices that are not all CUDA GPUs, where its kernels cannot
+    run, before any weight is read."""
+    if impl in GPU_ONLY and any(d.platform != "gpu" for d in devices):
+        platforms = ", ".join(sorted({d.platform for d in devices}))
+        raise ValueError(
+            f"{setting} {impl!r} runs on CUDA GPUs only, not on {platforms} devices; use 'reference' or "
+            "leave the choice to vitjax"
+        )
 
 
 def attention(

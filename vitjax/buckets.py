@@ -43,6 +43,7 @@ from flax import nnx
 
 from vitjax import layout
 from vitjax.attention import Segments, bucket_implementation
+from vitjax.checks import is_int
 from vitjax.config import VisionConfig
 from vitjax.model import TowerInputs
 from vitjax.row_views import row_views
@@ -102,6 +103,18 @@ class Bucket(NamedTuple):
 
     tokens: int
     segments: int
+
+
+def checked_bucket(value: object) -> Bucket:
+    """A bucket a caller names, `(tokens, segments)`: positive integers, tokens in whole 2x2 merge groups (a multiple
+    of 4); else a ValueError naming it, before anything is compiled."""
+    try:
+        tokens, segments = value
+    except (TypeError, ValueError):
+        raise ValueError(f"a bucket is (tokens, segments), got {value!r}") from None
+    if not (is_int(tokens) and is_int(segments) and tokens > 0 and segments > 0 and tokens % 4 == 0):
+        raise ValueError(f"bucket {value!r}: tokens and segments must be positive integers, tokens a multiple of 4")
+    return Bucket(int(tokens), int(segments))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any
 import jax
 from PIL import Image
 
+from vitjax.checks import is_int
+
 
 def pixel_digest(image: Image.Image) -> str:
     """sha256 of the decoded RGB pixels and their size: equal images hash equal whatever their encoding."""
@@ -27,6 +29,13 @@ def pixel_digest(image: Image.Image) -> str:
 
 def nbytes(value: Any) -> int:
     return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(value))
+
+
+def check_max_bytes(value: object) -> int:
+    """The cache's bound, a whole number of bytes (0: no cache), else a ValueError naming `cache_bytes`."""
+    if not is_int(value) or value < 0:
+        raise ValueError(f"cache_bytes must be a whole number of bytes, 0 or more (0: no cache), got {value!r}")
+    return int(value)
 
 
 @dataclass
@@ -45,7 +54,7 @@ class EmbeddingCache:
     """
 
     def __init__(self, max_bytes: int = 1 << 30):
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = check_max_bytes(max_bytes)
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._pending: dict[Hashable, Future] = {}  # keys claimed by a caller computing them now
         self._lock = threading.Lock()

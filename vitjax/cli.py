@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitjax
-from vitjax.attention import named_implementation
+from vitjax.attention import ENV_VAR, check_devices, named_implementation
 from vitjax.buckets import FIT_GRANULE, BucketPolicy
 from vitjax.config import PRESETS, VisionConfig
 from vitjax.images import ImageInputError, expand_inputs, path_error
@@ -233,7 +233,11 @@ def _encode(args: argparse.Namespace) -> int:
         if not dali.available():
             raise UsageError("--decoder dali needs NVIDIA DALI: pip install 'vitjax[dali]'")
     try:
-        named_implementation(None, args.dtype)  # $VITJAX_ATTENTION against --dtype
+        named = named_implementation(None)  # $VITJAX_ATTENTION, if set, names a path this install has
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    try:
+        named_implementation(None, args.dtype)  # ... for a tower of --dtype
     except ValueError as e:
         raise UsageError(f"--dtype {args.dtype}: {e}") from e
     try:
@@ -243,9 +247,18 @@ def _encode(args: argparse.Namespace) -> int:
     try:
         from vitjax.parallel import device_groups, pick_devices
 
-        device_groups(pick_devices(args.devices), args.sequence_parallel, cfg.num_heads)
+        picked = pick_devices(args.devices)
+        group = len(device_groups(picked, args.sequence_parallel, cfg.num_heads)[0])
     except ValueError as e:
         raise UsageError(f"--devices {args.devices} --sequence-parallel {args.sequence_parallel}: {e}") from e
+    try:
+        policy.check_group(group)
+    except ValueError as e:
+        raise UsageError(f"--fit-granule {args.fit_granule} --sequence-parallel {args.sequence_parallel}: {e}") from e
+    try:
+        check_devices(named, picked, f"${ENV_VAR}")
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     items = expand_inputs(inputs)
     _check_not_an_input(args, out, items)
     _check_video_decoder(items)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import threading
 import uuid
 from collections import deque
@@ -21,9 +22,9 @@ import tqdm.auto
 from flax import nnx
 
 from vitjax import dali, layout, weights
-from vitjax.attention import Segments, default_implementation, named_implementation
-from vitjax.buckets import Bucket, BucketPolicy, Engine
-from vitjax.cache import EmbeddingCache
+from vitjax.attention import ENV_VAR, Segments, check_devices, default_implementation, named_implementation
+from vitjax.buckets import Bucket, BucketPolicy, Engine, checked_bucket
+from vitjax.cache import EmbeddingCache, check_max_bytes
 from vitjax.config import VisionConfig
 from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
@@ -196,7 +197,7 @@ class Encoder:
         persistent compilation cache, and run each once; returns seconds per bucket. Executables are per pixel
         dtype: by default those `encode` sends are compiled (its host rows', bfloat16 for a bf16 tower, and
         float32 as well where its default decoder is DALI); `encode_patches` callers name theirs."""
-        buckets = None if buckets is None else list(buckets)  # read once per dtype
+        buckets = None if buckets is None else [checked_bucket(b) for b in buckets]  # read once per dtype
         if pixel_dtype is not None:
             dtypes = {np.dtype(pixel_dtype)}
         else:
@@ -385,10 +386,18 @@ def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> list[jax.D
     """Refuse an encoder's settings (`Encoder.__init__`'s keywords) before any weight is read, drawn or copied: the
     attention path against the dtype, the devices and their sequence-parallel groups, the buckets against those.
     Returns the devices picked."""
-    named_implementation(kw.get("attention"), dtype)
+    settings = list(inspect.signature(Encoder.__init__).parameters)[3:]  # after self, cfg and model
+    if unknown := sorted(set(kw) - set(settings)):
+        raise TypeError(f"unknown Encoder setting(s) {', '.join(unknown)}; the settings are {', '.join(settings)}")
+    named = named_implementation(kw.get("attention"), dtype)
+    check_max_bytes(kw.get("cache_bytes", 0))
+    policy = kw.get("buckets") or BucketPolicy()
+    if not isinstance(policy, BucketPolicy):
+        raise ValueError(f"buckets must be a vitjax.BucketPolicy, got {policy!r}")
     picked = pick_devices(kw.get("devices"))
+    check_devices(named, picked, "attention" if kw.get("attention") else f"${ENV_VAR}")
     groups = device_groups(picked, kw.get("sequence_parallel", 1), cfg.num_heads)
-    (kw.get("buckets") or BucketPolicy()).check_group(len(groups[0]))
+    policy.check_group(len(groups[0]))
     return picked
 
 

@@ -77,10 +77,11 @@ def check_patches(shape: Sequence[int], grid_thw: object, patch_dim: int, merge:
     bad = [g.tolist() for g in grid if g.min() < 1 or g[1] % merge or g[2] % merge]
     if bad:
         raise ValueError(f"grid_thw rows {bad} must be positive with h and w divisible by {merge}")
-    need = [int(grid.prod(axis=1).sum()), patch_dim]
+    grids = [tuple(int(v) for v in g) for g in grid]
+    need = [sum(grid_tokens(g) for g in grids), patch_dim]  # Python ints: numpy's would wrap past 2**63
     if list(shape) != need:
         raise ValueError(f"pixel_values has shape {list(shape)}, but grid_thw needs {need}")
-    return [tuple(int(v) for v in g) for g in grid]
+    return grids
 
 
 def grid_tokens(grid: Grid) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from vitjax import layout
 from vitjax.buckets import MAX_CHUNK_ROWS, Bucket, Engine
+from vitjax.checks import is_int
 from vitjax.row_views import row_view
 
 
@@ -44,7 +45,7 @@ def pick_devices(devices: int | str | jax.Device | Sequence[jax.Device] | None) 
 
 def device_groups(devices: Sequence[jax.Device], sequence_parallel: int, num_heads: int) -> list[list[jax.Device]]:
     """Consecutive groups of `sequence_parallel` devices, one engine each; a group splits the tower's heads."""
-    if not isinstance(sequence_parallel, numbers.Integral) or sequence_parallel < 1:
+    if not is_int(sequence_parallel) or sequence_parallel < 1:
         raise ValueError(f"sequence_parallel must be a positive integer, got {sequence_parallel!r}")
     if len(devices) % sequence_parallel:
         raise ValueError(f"sequence_parallel={sequence_parallel} does not divide the {len(devices)} devices")
