@@ -11,6 +11,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -337,6 +338,25 @@ def check_params(params: Params, cfg: VisionConfig, where: str) -> None:
         _check_dtype(where, key, leaf.dtype)
 
 
+def _uninterrupted(work: Callable[[], Any]) -> Any:
+    """`work()` run to its end in a thread of its own, an interrupt of this thread meanwhile (Ctrl-C, SIGTERM's
+    exception) raised only once it has ended. Orbax writes from threads that outlive an interrupt of its caller: a
+    folder removed at once would be written into again (and orbax reports each write it loses)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="vitjax-save") as pool:
+        done, interrupt = pool.submit(work), None
+        while True:
+            try:
+                result = done.result()
+                break
+            except BaseException as e:
+                if done.done():  # the work's own failure (or the interrupt it raised itself)
+                    raise
+                interrupt = interrupt or e
+    if interrupt is not None:
+        raise interrupt
+    return result
+
+
 def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
     """HF directory -> converted orbax directory (the vision tower only), written whole or not at all: into a
     new folder beside `out_dir`, renamed into place once complete (replacing an earlier conversion there)."""
@@ -358,7 +378,8 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     staging, old = out.parent / f".vitjax-convert-{tag}.partial", out.parent / f".vitjax-convert-{tag}.old"
     staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
     try:
-        save_orbax(staging, cfg, load_hf(source, cfg, progress=progress))
+        params = load_hf(source, cfg, progress=progress)
+        _uninterrupted(lambda: save_orbax(staging, cfg, params))
         try:  # the earlier conversion (or an empty folder) goes only once the new one is in place
             if out.exists():
                 out.rename(old)
