@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -49,6 +49,20 @@ def jpegs(count: int = 20, size: tuple[int, int] = (960, 1280)) -> list[bytes]:
     return out
 
 
+def inline_dispatch(enc: vitjax.Encoder):
+    """`Encoder._dispatch` as it was before 2026-11-27: each call made in the encode's own thread, so its host work
+    on the next call waits while a dispatch waits for the device."""
+
+    def dispatch(pipe, batch, found, dispatcher, in_flight) -> None:
+        if len(in_flight) >= 2:
+            jax.block_until_ready(in_flight.popleft().result())
+        done = Future()
+        done.set_result(enc._call(pipe, batch, found))
+        in_flight.append(done)
+
+    return dispatch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -60,6 +74,12 @@ def main() -> None:
         default="98304,65536,24576",
         help="comma-separated patches per call for vitjax end to end (98304: the 20 photos in one call; 65536: the "
         "default; 24576: calls of ~5 photos, the default until 2026-11-26 where max_pixels allowed it)",
+    )
+    parser.add_argument(
+        "--paths",
+        default="shipped",
+        help="vitjax end to end: code paths in this order, comma-separated, repeats allowed: shipped, or "
+        "inline_dispatch (each call dispatched from the encode's own thread, as before 2026-11-27)",
     )
     parser.add_argument(
         "--switch-intervals",
@@ -146,10 +166,13 @@ def main() -> None:
         enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0, devices=devices)
         intervals = [float(v) for v in args.switch_intervals.split(",")] if args.switch_intervals else [None]
         sizes = [int(b) for b in args.batch_tokens.split(",")]
-        runs = [(d, b, i) for d in args.decoders.split(",") for b in sizes for i in intervals]
+        paths = args.paths.split(",")
+        runs = [(d, b, i, p) for d in args.decoders.split(",") for b in sizes for i in intervals for p in paths]
         default_interval = sys.getswitchinterval()
-        for decoder, batch_tokens, interval in runs:
+        shipped_dispatch = enc._dispatch
+        for decoder, batch_tokens, interval, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
+            enc._dispatch = inline_dispatch(enc) if path == "inline_dispatch" else shipped_dispatch
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
@@ -169,6 +192,7 @@ def main() -> None:
                     "batch_tokens": batch_tokens,
                     "devices": devices,
                     "switch_interval_ms": sys.getswitchinterval() * 1e3,
+                    **({"path": path} if path != "shipped" else {}),
                 }
             )
         sys.setswitchinterval(default_interval)
@@ -179,7 +203,7 @@ def main() -> None:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"\n{'impl':8} {'part':22} {'ms':>9}")
     for r in rows:
-        print(f"{r['impl']:8} {r['part']:22} {r['ms']:9.1f}")
+        print(f"{r['impl']:8} {r['part']:22} {r.get('path', ''):16} {r['ms']:9.1f}")
 
 
 if __name__ == "__main__":

@@ -215,6 +215,34 @@ def test_small_batches_stream_the_same_embeddings(enc, checkpoint, monkeypatch):
         np.testing.assert_allclose(np.asarray(a.features), np.asarray(b.features), rtol=1e-5, atol=1e-5)
 
 
+def test_the_next_call_is_prepared_while_a_dispatch_waits_for_the_device(enc, checkpoint, monkeypatch):
+    """A call whose dispatch waits until the device is done (fa4's overflow check makes XLA's loop wait for its flag
+    on the host) must not hold up the host's work on the next call: calls are dispatched from a thread of their own.
+    Here the first call's dispatch waits until the second image has joined the next call's batch."""
+    single = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
+    added, seen = threading.Event(), []
+    real_add, real_encode = vitjax.pipeline.Batch.add, single.encode_patches
+
+    def add(batch, item, *a):
+        seen.append(item.name)
+        if len(seen) == 2:
+            added.set()
+        return real_add(batch, item, *a)
+
+    def encode_patches(pixels, grids):
+        if not added.is_set():
+            assert added.wait(30), "the next batch was not prepared while this call was dispatched"
+        return real_encode(pixels, grids)
+
+    monkeypatch.setattr(vitjax.pipeline.Batch, "add", add)
+    monkeypatch.setattr(single, "encode_patches", encode_patches)
+    paths = [str(p) for p in PHOTOS[:3]]
+    streamed = single.encode(paths, max_pixels=MAX_PIXELS, batch_tokens=1)
+    assert seen == paths and single.images_encoded == 3
+    for a, b in zip(enc.encode(paths, max_pixels=MAX_PIXELS), streamed, strict=True):
+        np.testing.assert_allclose(np.asarray(a.features), np.asarray(b.features), rtol=1e-5, atol=1e-5)
+
+
 def test_prepare_runs_a_bounded_window_ahead(enc):
     """However many inputs come, at most `window` are read ahead of what the consumer has taken."""
     data = PHOTOS[0].read_bytes()

@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,8 +257,9 @@ class Encoder:
         A driver over `vitjax.pipeline`: inputs are prepared (decoded, hashed, sized) in threads a bounded window
         ahead, looked up in the cache, and the misses' rows written straight into the buffer of the next tower
         call of at most `batch_tokens` patches per device (default `BATCH_TOKENS`; a larger image or video is a
-        call of its own); calls are dispatched asynchronously, at most two in flight, so host memory does not
-        grow with the number of images and the host's work overlaps the device's. An image seen before (same
+        call of its own); calls are dispatched from a thread of their own, at most two in flight, so host memory
+        does not grow with the number of images and the host's work overlaps the device's (also where a call's
+        dispatch waits for the device, as a bucket with fa4's overflow check does). An image seen before (same
         pixels, settings and weights) comes from the cache; one that another thread is encoding right now is
         waited for; duplicates within a request are encoded once. Every setting is checked first
         (`vitjax.settings`: a `SettingError` names it). With `errors="return"` a bad input yields its
@@ -290,10 +291,14 @@ class Encoder:
             with lock:
                 bar.update()
 
-        with Pipeline(self.cfg, **options) as pipe, contextlib.nullcontext() if given else bar:
+        with (
+            Pipeline(self.cfg, **options) as pipe,
+            ThreadPoolExecutor(1, thread_name_prefix="vitjax-dispatch") as dispatcher,
+            contextlib.nullcontext() if given else bar,
+        ):
+            in_flight: deque[Future] = deque()
             try:
                 open_batches: dict[bool, Batch] = {}  # host rows (PIL, videos) or DALI's, filled side by side
-                in_flight = deque()
                 for item in pipe.prepare(items):
                     key = None if isinstance(item, ImageInputError) else (self.model_id, *pipe.cache_key(item))
                     outcome.append(item if key is None else dataclasses.replace(item, fill=None, sample=None))
@@ -307,15 +312,20 @@ class Encoder:
                     claimed.add(key)
                     host = pipe.host(item)
                     if host in open_batches and not open_batches[host].fits(item):
-                        self._dispatch(pipe, open_batches.pop(host), found, claimed, in_flight)
+                        self._dispatch(pipe, open_batches.pop(host), found, dispatcher, in_flight)
                     if host not in open_batches:
                         open_batches[host] = pipe.batch(max(budget, item.tokens), host)
                     open_batches[host].add(item, advance)
                     del item  # its decoded image goes once its rows are made
                 for batch in open_batches.values():
-                    self._dispatch(pipe, batch, found, claimed, in_flight)
+                    self._dispatch(pipe, batch, found, dispatcher, in_flight)
+                while in_flight:
+                    jax.block_until_ready(in_flight.popleft().result())
             except BaseException as e:
-                for key in claimed:  # whoever waits on these must not wait forever
+                for call in in_flight:  # the dispatch thread is done with the pipeline and the keys first
+                    with contextlib.suppress(BaseException):
+                        call.result()
+                for key in claimed:  # whoever waits on these must not wait forever (a key settled: nothing to do)
                     self.cache.abandon(key, RuntimeError(f"the encode computing this image failed: {e!r}"))
                 raise
             keys = [None if isinstance(e, ImageInputError) else (self.model_id, *pipe.cache_key(e)) for e in outcome]
@@ -358,14 +368,20 @@ class Encoder:
                 self._dali = dali.DaliRows(self.cfg, self.parallel.engines[0].devices[0])
             return self._dali
 
-    def _dispatch(self, pipe: Pipeline, batch: Batch, found: dict, claimed: set, in_flight: deque) -> None:
-        """One `encode_patches` on the batch's rows (asynchronous); its results go to `found` and the cache. With
-        two calls in flight, wait for the older one first, so queued calls cannot pile up host buffers."""
-        pixels, failed = batch.finish()
+    def _dispatch(
+        self, pipe: Pipeline, batch: Batch, found: dict, dispatcher: ThreadPoolExecutor, in_flight: deque[Future]
+    ) -> None:
+        """The batch's call, given to the dispatch thread (`_call`). With two calls in flight, the older one is waited
+        for first (its error raised here), so queued calls cannot pile up host buffers or device work."""
         if len(in_flight) >= 2:
-            jax.block_until_ready(in_flight.popleft())
+            jax.block_until_ready(in_flight.popleft().result())
+        in_flight.append(dispatcher.submit(self._call, pipe, batch, found))
+
+    def _call(self, pipe: Pipeline, batch: Batch, found: dict) -> list[jax.Array]:
+        """One `encode_patches` on the batch's rows once they are filled (asynchronous where the call's program
+        allows); its results go to `found` (keys the caller put there) and the cache."""
+        pixels, failed = batch.finish()
         outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]))
-        in_flight.append(outs)
         self.images_encoded += len(batch.items)
         for item, error, out in zip(batch.items, failed, outs, strict=True):
             key = (self.model_id, *pipe.cache_key(item))
@@ -379,7 +395,7 @@ class Encoder:
                 stored = out.nbytes <= self.cache.max_bytes
                 kept = jax.device_put(out, out.sharding, may_alias=False) if stored else out
                 self.cache.put(key, (item.grid, kept))
-            claimed.discard(key)  # only now: until it is put or abandoned, a failure must still abandon it
+        return outs
 
 
 def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> list[jax.Device]:
