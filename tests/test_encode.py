@@ -135,6 +135,7 @@ def test_encoder_cache_is_bounded(checkpoint):
     enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
     enc.encode([str(PHOTOS[0])], max_pixels=MAX_PIXELS)
     assert enc.images_encoded == 2 and len(enc.cache) == 0
+    assert vitjax.Encoder.from_pretrained(checkpoint, cache_bytes=2e9).cache.max_bytes == 2_000_000_000  # a whole float
 
 
 def test_cache_bound_covers_the_memory_it_keeps(checkpoint):
@@ -241,6 +242,49 @@ def test_the_next_call_is_prepared_while_a_dispatch_waits_for_the_device(enc, ch
     assert seen == paths and single.images_encoded == 3
     for a, b in zip(enc.encode(paths, max_pixels=MAX_PIXELS), streamed, strict=True):
         np.testing.assert_allclose(np.asarray(a.features), np.asarray(b.features), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_encode_leaves_a_key_it_settled_to_whoever_claimed_it_again():
+    """A's first call puts X (the cache keeps nothing: cache_bytes=0), so B claims X anew and C waits on B; then A's
+    second call fails. A gives up only the keys it never settled: C gets B's result, not A's error."""
+    enc = vitjax.Encoder.random(TINY["hd64"], dtype="float32", cache_bytes=0)
+    rng = np.random.default_rng(0)
+    x, y = (rng.integers(0, 255, (64, 64, 3), np.uint8) for _ in range(2))
+    real, calls, results = enc.encode_patches, [], {}
+    b_claimed, release = threading.Event(), threading.Event()
+
+    def run(name, images, **kw):
+        try:
+            results[name] = enc.encode(images, min_pixels=64 * 64, **kw)
+        except BaseException as e:  # A's failure is the point
+            results[name] = e
+
+    def encode_patches(pixels, grids):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:  # A's second call (y): B claims x again, C waits on B's claim; then this call fails
+            threading.Thread(target=run, args=("B", [x]), name="B").start()
+            assert b_claimed.wait(60)
+            threading.Thread(target=run, args=("C", [x]), kwargs={"errors": "return"}, name="C").start()
+            deadline = time.monotonic() + 60
+            while enc.cache.stats.hits == 0:  # C found B's claim
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            raise RuntimeError("A's second call failed")
+        if len(calls) == 3:  # B's call, held until A has failed
+            b_claimed.set()
+            assert release.wait(60)
+        return real(pixels, grids)
+
+    enc.encode_patches = encode_patches
+    run("A", [x, y], batch_tokens=1)
+    assert isinstance(results["A"], RuntimeError)
+    release.set()
+    deadline = time.monotonic() + 120
+    while len(results) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert [type(r).__name__ for r in results["B"]] == [type(r).__name__ for r in results["C"]] == ["Encoded"]
+    np.testing.assert_array_equal(np.asarray(results["B"][0].features), np.asarray(results["C"][0].features))
 
 
 def test_prepare_runs_a_bounded_window_ahead(enc):

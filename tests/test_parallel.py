@@ -79,6 +79,7 @@ def test_device_settings_are_refused_before_the_checkpoint_is_read(checkpoint, m
         ({"buckets": "tight"}, "buckets must be a vitjax.BucketPolicy, got 'tight'"),
         ({"cache_bytes": "1GB"}, "cache_bytes must be a whole number of bytes, 0 or more"),
         ({"cache_bytes": -5}, "cache_bytes must be a whole number of bytes, 0 or more"),
+        ({"cache_bytes": 1.5}, "cache_bytes must be a whole number of bytes, 0 or more"),
     ]
     for settings, match in bad_ones:
         with pytest.raises(ValueError, match=match):

@@ -16,7 +16,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 
 from vitjax.images import ImageInputError
-from vitjax.preprocess import preprocess_image, smart_resize
+from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image, smart_resize
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +120,15 @@ def test_settings_of_another_kind_are_refused_by_name_before_the_input_is_read(s
     """Not a bare TypeError or ZeroDivisionError, nor (temporal_patch_size 0) rows of no columns."""
     with pytest.raises(ValueError, match=setting):
         preprocess_image(b"never read", **kw)
+
+
+def test_bounds_hf_takes_are_taken():
+    """numpy integers, whole floats and an unbounded max_pixels, as HF's smart_resize takes them."""
+    ref = preprocess_image(PHOTOS[0])
+    for kw in [{"min_pixels": np.int64(MIN_PIXELS)}, {"max_pixels": float(MAX_PIXELS)}, {"max_pixels": float("inf")}]:
+        pixels, grid = preprocess_image(PHOTOS[0], **kw)
+        np.testing.assert_array_equal(grid, ref[1])
+        np.testing.assert_array_equal(pixels, ref[0])
 
 
 def test_photos_are_shipped():

@@ -296,6 +296,31 @@ def test_sigterm_leaves_no_partial_conversion(full_model, tmp_path, capsys, monk
     assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) == previous
 
 
+def test_an_interrupt_during_the_save_is_raised_once_the_save_ends():
+    """`weights._uninterrupted`: the work's result, its own failure, or an interrupt that came meanwhile, raised after
+    the work ended, also when the work then fails (that failure as its cause)."""
+    assert weights._uninterrupted(lambda: 42) == 42
+    ended = []
+
+    def save(fail: bool):
+        time.sleep(0.2)  # the caller is waiting by now
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler raises in the waiting thread meanwhile
+        ended.append(fail)
+        if fail:
+            raise OSError("disk full")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as Python handles it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            weights._uninterrupted(lambda: save(False))
+        with pytest.raises(KeyboardInterrupt) as raised:
+            weights._uninterrupted(lambda: save(True))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert ended == [False, True] and isinstance(raised.value.__cause__, OSError)
+
+
 def test_converted_checkpoint_is_held_to_its_config(full_model, tmp_path):
     """A converted directory whose config.json no longer fits its parameters is refused by name, not encoded."""
     cfg, _, path = full_model

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from PIL import Image
 
-from vitjax.checks import is_int
+from vitjax.checks import is_int, is_positive
 
 
 def pixel_digest(image: Image.Image) -> str:
@@ -33,7 +33,8 @@ def nbytes(value: Any) -> int:
 
 def check_max_bytes(value: object) -> int:
     """The cache's bound, a whole number of bytes (0: no cache), else a ValueError naming `cache_bytes`."""
-    if not is_int(value) or value < 0:
+    whole = is_int(value) or (is_positive(value) and float(value).is_integer())  # 2e9 too
+    if not whole or value < 0:
         raise ValueError(f"cache_bytes must be a whole number of bytes, 0 or more (0: no cache), got {value!r}")
     return int(value)
 

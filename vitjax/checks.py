@@ -14,3 +14,8 @@ def is_int(value: object) -> bool:
 def is_positive(value: object) -> bool:
     """A finite number above zero (not a bool, not a string)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def is_number(value: object) -> bool:
+    """A real number, infinities included (not NaN, not a bool, not a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)

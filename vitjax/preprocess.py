@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 from PIL import Image
 
-from vitjax.checks import is_int, is_positive
+from vitjax.checks import is_int, is_number, is_positive
 from vitjax.images import ImageInputError, input_name, load_image
 from vitjax.resize import resize_bicubic
 from vitjax.video import MAX_FRAMES, MIN_FRAMES, Clip, Video, VideoInputError, check_frame_bounds, open_clip
@@ -155,7 +155,7 @@ def preprocess_image(
 
 def check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:
     """Refuse bounds no resize can meet, before any input is read (else they would surface as each input's error)."""
-    if not (is_positive(min_pixels) and is_positive(max_pixels) and 1 <= min_pixels <= max_pixels):
+    if not (is_positive(min_pixels) and is_number(max_pixels) and 1 <= min_pixels <= max_pixels):  # HF takes inf
         raise ValueError(f"min_pixels={min_pixels!r}, max_pixels={max_pixels!r}: need 1 <= min_pixels <= max_pixels")
 
 

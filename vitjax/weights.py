@@ -349,7 +349,9 @@ def _uninterrupted(work: Callable[[], Any]) -> Any:
                 result = done.result()
                 break
             except BaseException as e:
-                if done.done():  # the work's own failure (or the interrupt it raised itself)
+                if done.done():  # the work's own failure (or the interrupt it raised itself), after any interrupt here
+                    if interrupt is not None and interrupt is not e:
+                        raise interrupt from e
                     raise
                 interrupt = interrupt or e
     if interrupt is not None:
