@@ -78,16 +78,21 @@ def warmup_buckets(policy: BucketPolicy, environ: Mapping[str, str] | None = Non
     return [b for b in policy.buckets() if b.tokens in sizes]
 
 
-def check_attention(environ: Mapping[str, str], dtype: str | None = None) -> None:
+def check_attention(environ: Mapping[str, str], dtype: str | None = None, gpus: bool = True) -> None:
     """`VITJAX_ATTENTION`, if set, names an attention path this process can run on a tower of `dtype` (SGLang's
-    `--dtype`; None: one the flash paths take), which the tower reads at load."""
-    from vitjax.attention import ENV_VAR, check_implementation
+    `--dtype`; None: one the flash paths take), on CUDA GPUs or (`gpus` false) not, which the tower reads at load."""
+    from vitjax.attention import ENV_VAR, GPU_ONLY, check_implementation
 
     if value := environ.get(ENV_VAR):
         try:
             check_implementation(value, dtype)
         except ValueError as e:
             raise ValueError(f"{ENV_VAR}={value!r}: {e}") from None
+        if not gpus and value in GPU_ONLY:
+            raise ValueError(
+                f"{ENV_VAR}={value!r}: runs on CUDA GPUs only, and SGLang runs here without them (--device, or no "
+                "CUDA GPU found); use 'reference' or leave the choice to vitjax"
+            )
 
 
 def check_trace(environ: Mapping[str, str]) -> None:
@@ -108,9 +113,11 @@ def current() -> str:
     return value
 
 
-def configure(backend: str, environ: dict[str, str] | None = None, dtype: str | None = None) -> dict[str, str]:
+def configure(
+    backend: str, environ: dict[str, str] | None = None, dtype: str | None = None, gpus: bool = True
+) -> dict[str, str]:
     """Write the environment for `backend` (unless the user already set a variable); return what was set. `dtype`:
-    the towers' (SGLang's `--dtype`, where it names one)."""
+    the towers' (SGLang's `--dtype`, where it names one); `gpus`: whether SGLang runs on CUDA GPUs."""
     if backend not in BACKENDS:
         raise ValueError(f"--mm-encoder-backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     env = os.environ if environ is None else environ
@@ -127,7 +134,7 @@ def configure(backend: str, environ: dict[str, str] | None = None, dtype: str | 
             raise ValueError(f"{name} is already set to {env[name]!r}; the jax backend needs {needed!r}")
     if backend == "jax":  # the tower reads these after SGLang has loaded the language model: check them now
         warmup_buckets(bucket_policy(env), env)
-        check_attention(env, dtype)
+        check_attention(env, dtype, gpus)
         check_trace(env)
     env.update(wanted)
     return wanted

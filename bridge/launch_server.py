@@ -107,18 +107,33 @@ def with_config_file(argv: list[str]) -> list[str]:
         raise UsageError(f"--config: {e}") from None
 
 
+def sglang_settings(argv: list[str]) -> argparse.Namespace | None:
+    """SGLang's settings as its own parser reads `argv` (abbreviated flags too: `--model-i` is `--model-impl`), or
+    None for arguments it refuses, which SGLang then does itself, in its own words."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return sglang_parser().parse_known_args(argv)[0]
+    except SystemExit:
+        return None
+
+
+def on_cuda(device: str | None) -> bool:
+    """Whether SGLang runs on CUDA GPUs: its `--device`, or CUDA where torch finds it (SGLang's default)."""
+    import torch
+
+    return (device or "cuda").startswith("cuda") and torch.cuda.is_available()
+
+
 def gpu_past_the_first(argv: list[str]) -> str | None:
     """The settings of `argv` (SGLang's arguments) that put some rank on a GPU other than its process's first,
     or None: read with SGLang's own parser and its rank-to-GPU rule (checked on 0.5.23). A JAX tower on such a
-    GPU opens them all (`bridge.tower._open_gpus`)."""
+    GPU opens them all (`bridge.tower._open_gpus`); on another `--device` there is none."""
     from sglang.srt.environ import envs
 
     if envs.SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS.get():  # each rank sees only its own GPU, as cuda:0
         return None
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            args, _ = sglang_parser().parse_known_args(argv)
-    except SystemExit:  # arguments SGLang will refuse itself, in its own words
+    args = sglang_settings(argv)
+    if args is None or not (args.device or "cuda").startswith("cuda"):
         return None
     # With attention DP (`--enable-dp-attention`) the dp ranks share the tp group's GPUs; else each is a replica.
     replicas = 1 if getattr(args, "enable_dp_attention", False) else args.dp_size
@@ -131,10 +146,7 @@ def gpu_past_the_first(argv: list[str]) -> str | None:
 def check_jax_gpu(device: str | None) -> None:
     """Where SGLang runs on CUDA GPUs, JAX's CUDA plugin is installed (looked for without starting JAX here: SGLang's
     processes start it), so a CPU-only JAX is refused now, not in SGLang's processes once they build the model."""
-    import torch
-
-    on_gpus = (device or "cuda").startswith("cuda") and torch.cuda.is_available()
-    if on_gpus and not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in ("13", "12")):
+    if on_cuda(device) and not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in ("13", "12")):
         raise UsageError(
             f"{FLAG} jax on CUDA GPUs needs JAX's CUDA build, which is not installed: pip install -e "
             "'.[sglang,cuda13]' (or cuda12)"
@@ -168,7 +180,8 @@ def prepare(argv: Sequence[str]) -> list[str]:
         raise UsageError(
             f"--config: {FLAG[2:]} is the launcher's setting, not SGLang's: give {FLAG} on the command line"
         )
-    if choice == "jax":
+    server = sglang_settings(settings)  # None: SGLang refuses these arguments itself, before any tower is built
+    if choice == "jax" and server is not None:
         from sglang.srt.environ import envs
 
         if envs.SGLANG_RUST_SERVER.get():  # its front end serves only SGLang's own processor classes (0.5.23)
@@ -176,14 +189,12 @@ def prepare(argv: Sequence[str]) -> list[str]:
                 f"SGLANG_RUST_SERVER=1: SGLang's Rust front end does not take the bridge's request checks; unset it "
                 f"to serve with {FLAG} jax"
             )
-        if "--language-only" in settings:
+        if server.language_only:
             raise UsageError(
                 f"--language-only: a language server runs no vision tower; start it with stock SGLang "
                 f"(python -m sglang.launch_server), and {FLAG} jax on the --encoder-only side"
             )
-        model = pop_option(settings, MODEL_FLAGS, remove=False)
-        if model is None:
-            raise UsageError("--model-path is required")
+        model = server.model_path
         archs = model_architectures(model)
         if archs is None:
             note = f"{model} is in object storage, where SGLang reads its config: the JAX tower runs if it is Qwen3-VL"
@@ -195,16 +206,17 @@ def prepare(argv: Sequence[str]) -> list[str]:
             )
         # SGLang 0.5.23 builds another class for `--model-impl transformers` (its Transformers backend, with HF's
         # torch tower), so the JAX tower would silently not run.
-        impl = pop_option(settings, ["--model-impl"], remove=False)
+        impl = server.model_impl
         if (impl or "auto").lower() not in ("auto", "sglang"):
             raise UsageError(f"--model-impl {impl}: {FLAG} jax runs in SGLang's own Qwen3-VL classes (auto or sglang)")
-    dtype = pop_option(settings, ["--dtype"], remove=False)
+    dtype = None if server is None else server.dtype
+    device = None if server is None else server.device
     try:
-        backend.configure(choice, dtype=SGLANG_DTYPES.get((dtype or "auto").lower()))
+        backend.configure(choice, dtype=SGLANG_DTYPES.get((dtype or "auto").lower()), gpus=on_cuda(device))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if choice == "jax":
-        check_jax_gpu(pop_option(settings, ["--device"], remove=False))
+    if choice == "jax" and server is not None:
+        check_jax_gpu(device)
         check_hook()
         if backend.preallocates() and (where := gpu_past_the_first(settings)):
             raise UsageError(
@@ -218,7 +230,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if {"-h", "--help"} & set(argv):  # SGLang's own help, after ours
         print(f"bridge.launch_server: {FLAG} {{jax,torch}} (default jax), then sglang.launch_server's arguments:\n")
-        pop_option(argv, [FLAG], remove=True)
+        argv = [
+            a
+            for i, a in enumerate(argv)
+            if a.partition("=")[0] != FLAG and (i == 0 or argv[i - 1] != FLAG or a.startswith("-"))
+        ]  # our flag and its value, not a --help it would take for one
         sys.argv = [sys.argv[0], *argv]
         runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
         return

@@ -155,6 +155,8 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
     # SGLang's Transformers backend would build a class of its own, with HF's torch tower.
     with pytest.raises(UsageError, match=r"^--model-impl transformers: --mm-encoder-backend jax runs in SGLang's own"):
         prepare(["--model-path", str(moe), "--model-impl", "transformers"])
+    with pytest.raises(UsageError, match=r"^--model-impl transformers: "):  # SGLang's parser takes abbreviations
+        prepare(["--model-p", str(moe), "--model-i", "transformers"])
     (tmp_path / "impl.yaml").write_text(f"model-path: {moe}\nmodel-impl: transformers\n")
     with pytest.raises(UsageError, match=r"^--model-impl transformers: "):
         prepare(["--config", str(tmp_path / "impl.yaml")])
@@ -182,7 +184,12 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
     monkeypatch.setenv("VITJAX_ATTENTION", "cudnn_padded")
     with pytest.raises(UsageError, match=r"VITJAX_ATTENTION='cudnn_padded': attention 'cudnn_padded' takes bfloat16"):
         prepare(["--model-path", str(moe), "--dtype", "float32"])
-    assert prepare(["--model-path", str(moe), "--dtype=auto"]) == ["--model-path", str(moe), "--dtype=auto"]
+    with pytest.raises(UsageError, match=r"VITJAX_ATTENTION='cudnn_padded': attention 'cudnn_padded' takes bfloat16"):
+        prepare(["--model-path", str(moe), "--dt", "float32"])  # abbreviated, as SGLang's parser reads it
+    # With 16-bit towers it runs on CUDA GPUs only: refused where SGLang has none (here; or --device cpu), before
+    # SGLang starts (the tower used to refuse it after the language model had loaded).
+    with pytest.raises(UsageError, match=r"VITJAX_ATTENTION='cudnn_padded': runs on CUDA GPUs only, and SGLang runs"):
+        prepare(["--model-path", str(moe), "--dtype=auto"])
     monkeypatch.delenv("VITJAX_ATTENTION")
     monkeypatch.setenv(backend.FIT_GRANULE_ENV, "6")  # read only after the language model loads: checked here
     with pytest.raises(UsageError, match=r"VITJAX_FIT_GRANULE='6': expected 0 \(off\) or a multiple of 4 tokens"):
@@ -199,6 +206,8 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
         prepare(["--config", str(tmp_path / "backend.yaml")])
     with pytest.raises(UsageError, match=r"^--language-only: a language server runs no vision tower; start it with"):
         prepare(["--model-path", str(moe), "--language-only", "--encoder-urls", "http://127.0.0.1:1"])
+    with pytest.raises(UsageError, match=r"^--language-only: "):
+        prepare(["--model-path", str(moe), "--language-o", "--encoder-urls", "http://127.0.0.1:1"])
     (tmp_path / "flags.yaml").write_text(f"model-path: {moe}\nlanguage-only: false\n")  # false: no flag, as in SGLang
     assert prepare(["--config", str(tmp_path / "flags.yaml")]) == ["--config", str(tmp_path / "flags.yaml")]
     monkeypatch.setenv("SGLANG_RUST_SERVER", "1")
@@ -217,6 +226,15 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
         with pytest.raises(UsageError, match=r"^--mm-encoder-backend jax on CUDA GPUs needs JAX's CUDA build"):
             prepare(["--model-path", str(moe)])
         assert prepare([*model, "--device", "cpu"]) == [*model, "--device", "cpu"]
+        patched.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *rest, **kw: find_spec("jax" if name.startswith("jax_cuda") else name, *rest, **kw),
+        )  # now JAX's CUDA plugin "is" installed
+        patched.setenv("VITJAX_ATTENTION", "cudnn_padded")
+        assert prepare([*model, "--dtype=auto"]) == [*model, "--dtype=auto"]  # on CUDA GPUs: taken
+        with pytest.raises(UsageError, match=r"VITJAX_ATTENTION='cudnn_padded': runs on CUDA GPUs only"):
+            prepare([*model, "--dev", "cpu"])
     # The same refusal from the command line: exit 2 and one line, before SGLang starts.
     proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--model-path", str(other)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -227,6 +245,10 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("bridge.launch_server: --mm-encoder-backend {jax,torch} (default jax), then")
     assert "--model-path" in proc.stdout and "--mem-fraction-static" in proc.stdout
+    # --help right after the launcher's flag is still help (it used to be taken as the flag's value)
+    proc = subprocess.run([sys.executable, "-m", "bridge.launch_server", "--mm-encoder-backend", "--help"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "--mem-fraction-static" in proc.stdout, proc.stderr
 
 
 def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(moe, monkeypatch):
@@ -252,6 +274,7 @@ def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(moe, monkey
     with pytest.raises(UsageError, match=r"^--base-gpu-id 1 runs towers"):
         prepare([*model, "--base-gpu-id=1"])
     assert prepare(model) == model  # one GPU, the first: preallocating there is the user's call
+    assert gpu_past_the_first([*model, "--device", "cpu", "--tp-size", "2"]) is None  # no GPU to open
     monkeypatch.setenv("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS", "1")  # every rank's GPU is its cuda:0
     assert prepare([*model, "--tp-size", "2"]) == [*model, "--tp-size", "2"]
     monkeypatch.delenv("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS")
