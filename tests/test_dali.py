@@ -139,6 +139,10 @@ def test_dali_decode_is_pils(rows):
     photo = Image.open(PHOTOS[2]).convert("RGB").crop((0, 0, 448, 288))
     inputs = {f"exif{k}.jpg": jpeg(photo, exif=_orientation(k)) for k in range(1, 9)}
     inputs["exif6-big-endian.jpg"] = jpeg(photo, exif=orientation_exif(6, 3, "MM"))  # a SHORT either way: DALI's
+    late = orientation_exif(1, 3, "II")  # an EXIF block after the scan: PIL and DALI both read the one before it
+    inputs["exif6-then-1-after-the-scan.jpg"] = (
+        jpeg(photo, exif=_orientation(6))[:-2] + b"\xff\xe1" + (len(late) + 2).to_bytes(2, "big") + late + b"\xff\xd9"
+    )
     inputs["progressive.jpg"] = jpeg(photo, progressive=True)
     inputs["grey.jpg"] = jpeg(photo.convert("L"))
     inputs["444.jpg"] = jpeg(photo, subsampling=0)

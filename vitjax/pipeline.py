@@ -238,9 +238,12 @@ def jpeg_process(data: bytes) -> int | None:
 
 
 def exif_blocks(data: bytes) -> list[bytes]:
-    """The payloads of a whole JPEG's EXIF segments (APP1 segments that start "Exif"), in file order."""
+    """The payloads of a JPEG's EXIF segments (APP1 segments that start "Exif") before its first scan, in file order:
+    PIL and DALI read none after it (a block there leaves DALI's rows equal to PIL's), so the scans are not walked."""
     blocks = []
     for marker, i in jpeg_segments(data):
+        if marker == 0xDA:
+            break
         payload = data[i + 4 : i + 2 + int.from_bytes(data[i + 2 : i + 4], "big")] if marker == 0xE1 else b""
         if payload.startswith(b"Exif\x00\x00"):
             blocks.append(payload)
