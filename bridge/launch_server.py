@@ -20,7 +20,6 @@ from pathlib import Path
 from bridge import backend
 
 FLAG = "--mm-encoder-backend"
-MODEL_FLAGS = ("--model-path", "--model")
 # SGLang 0.5.23's `--dtype` names (`_STR_DTYPE_TO_TORCH_DTYPE`) -> the towers' dtype. Its "auto" gives a float32
 # checkpoint float16 (`_get_and_verify_dtype`), so only a named float32 makes a tower the flash kernels cannot run.
 SGLANG_DTYPES = {
@@ -124,15 +123,14 @@ def on_cuda(device: str | None) -> bool:
     return (device or "cuda").startswith("cuda") and torch.cuda.is_available()
 
 
-def gpu_past_the_first(argv: list[str]) -> str | None:
-    """The settings of `argv` (SGLang's arguments) that put some rank on a GPU other than its process's first,
-    or None: read with SGLang's own parser and its rank-to-GPU rule (checked on 0.5.23). A JAX tower on such a
-    GPU opens them all (`bridge.tower._open_gpus`); on another `--device` there is none."""
+def gpu_past_the_first(args: argparse.Namespace | None) -> str | None:
+    """The settings (`sglang_settings`) that put some rank on a GPU other than its process's first, or None, by
+    SGLang's rank-to-GPU rule (checked on 0.5.23). A JAX tower on such a GPU opens them all
+    (`bridge.tower._open_gpus`); on another `--device` there is none."""
     from sglang.srt.environ import envs
 
     if envs.SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS.get():  # each rank sees only its own GPU, as cuda:0
         return None
-    args = sglang_settings(argv)
     if args is None or not (args.device or "cuda").startswith("cuda"):
         return None
     # With attention DP (`--enable-dp-attention`) the dp ranks share the tp group's GPUs; else each is a replica.
@@ -218,7 +216,7 @@ def prepare(argv: Sequence[str]) -> list[str]:
     if choice == "jax" and server is not None:
         check_jax_gpu(device)
         check_hook()
-        if backend.preallocates() and (where := gpu_past_the_first(settings)):
+        if backend.preallocates() and (where := gpu_past_the_first(server)):
             raise UsageError(
                 f"{where} runs towers on GPUs past the first, and a JAX tower there opens every GPU, so JAX must "
                 "not preallocate (it would take memory on each of them): set XLA_PYTHON_CLIENT_PREALLOCATE=false"

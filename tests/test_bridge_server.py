@@ -25,7 +25,7 @@ from sglang_server import server
 from test_bridge_sglang import IMAGES, user_prompt
 
 from bridge import backend
-from bridge.launch_server import UsageError, gpu_past_the_first, pop_option, prepare
+from bridge.launch_server import UsageError, gpu_past_the_first, pop_option, prepare, sglang_settings
 
 
 def data_uri(path: Path) -> str:
@@ -260,21 +260,25 @@ def test_launcher_refuses_preallocation_where_a_rank_opens_every_gpu(moe, monkey
     assert not backend.preallocates({"XLA_PYTHON_CLIENT_PREALLOCATE": "False"})
     assert not backend.preallocates({"XLA_PYTHON_CLIENT_ALLOCATOR": "Platform"})
     model = ["--model-path", str(moe)]
-    assert gpu_past_the_first([*model, "--tp-size", "2"]) == "--tp-size 2"
-    assert gpu_past_the_first([*model, "--tp", "2", "--dp-size", "2"]) == "--tp-size 2 --dp-size 2"
-    assert gpu_past_the_first([*model, "--base-gpu-id", "3"]) == "--base-gpu-id 3"
-    assert gpu_past_the_first([*model, "--tp-size", "2", "--nnodes", "2"]) is None  # one GPU a node
+
+    def past(*extra: str) -> str | None:
+        return gpu_past_the_first(sglang_settings([*model, *extra]))
+
+    assert past("--tp-size", "2") == "--tp-size 2"
+    assert past("--tp", "2", "--dp-size", "2") == "--tp-size 2 --dp-size 2"
+    assert past("--base-gpu-id", "3") == "--base-gpu-id 3"
+    assert past("--tp-size", "2", "--nnodes", "2") is None  # one GPU a node
     # attention DP: the dp ranks run inside the tp group, on its GPUs
-    assert gpu_past_the_first([*model, "--tp", "2", "--dp", "2", "--enable-dp-attention", "--nnodes", "2"]) is None
-    assert gpu_past_the_first([*model, "--tp", "2", "--dp", "2", "--enable-dp-attention"]) == "--tp-size 2"
-    assert gpu_past_the_first(model) is None
+    assert past("--tp", "2", "--dp", "2", "--enable-dp-attention", "--nnodes", "2") is None
+    assert past("--tp", "2", "--dp", "2", "--enable-dp-attention") == "--tp-size 2"
+    assert past() is None
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")  # the user's choice: JAX preallocates half
     with pytest.raises(UsageError, match=r"^--tp-size 2 runs towers on GPUs past the first.*PREALLOCATE=false$"):
         prepare([*model, "--tp-size", "2"])
     with pytest.raises(UsageError, match=r"^--base-gpu-id 1 runs towers"):
         prepare([*model, "--base-gpu-id=1"])
     assert prepare(model) == model  # one GPU, the first: preallocating there is the user's call
-    assert gpu_past_the_first([*model, "--device", "cpu", "--tp-size", "2"]) is None  # no GPU to open
+    assert past("--device", "cpu", "--tp-size", "2") is None  # no GPU to open
     monkeypatch.setenv("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS", "1")  # every rank's GPU is its cuda:0
     assert prepare([*model, "--tp-size", "2"]) == [*model, "--tp-size", "2"]
     monkeypatch.delenv("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS")

@@ -280,9 +280,10 @@ def _rotation(frame) -> float | None:
     if matrix is None or len(matrix) != 36:
         return None
     a, b, _, c, d = np.frombuffer(matrix, "<i4")[:5].astype(float)  # 16.16 fixed point, row-major 3x3
-    if not math.hypot(a, c) or not math.hypot(b, d):
+    x_scale, y_scale = math.hypot(a, c), math.hypot(b, d)
+    if not x_scale or not y_scale:
         return None
-    return -math.degrees(math.atan2(b / math.hypot(b, d), a / math.hypot(a, c)))
+    return -math.degrees(math.atan2(b / y_scale, a / x_scale))
 
 
 def _quarter_turns(degrees: float | None) -> int:
