@@ -52,6 +52,7 @@ def test_directory_expands_recursively_in_sorted_order(tmp_path):
         "d.bmp",
         "e.jpeg",
         "f.tif",
+        "g.avif",
     ]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
@@ -59,7 +60,7 @@ def test_directory_expands_recursively_in_sorted_order(tmp_path):
     (tmp_path / ".hidden" / "h.jpg").write_bytes(b"x")
     (tmp_path / "._resource.jpg").write_bytes(b"x")
     names = [name for name, _ in expand_inputs([tmp_path])]
-    expected = ["a/b/c.webp", "a/y.tiff", "a/z.JPG", "b.png", "c.gif", "d.bmp", "e.jpeg", "f.tif"]
+    expected = ["a/b/c.webp", "a/y.tiff", "a/z.JPG", "b.png", "c.gif", "d.bmp", "e.jpeg", "f.tif", "g.avif"]
     assert names == [str(tmp_path / rel) for rel in expected]
     assert [src for _, src in expand_inputs(str(tmp_path))] == [tmp_path / rel for rel in expected]
 
@@ -240,7 +241,7 @@ def test_directory_without_images(tmp_path):
     folder.mkdir()
     (folder / "readme.txt").write_text("no pictures here")
     assert expand_inputs([folder]) == [(str(folder), folder)]
-    expect_error(folder, r"directory contains no image or video files \(3gp, avi, bmp, .*, webm, webp, wmv\)")
+    expect_error(folder, r"directory contains no image or video files \(3gp, avi, avif, bmp, .*, webm, webp, wmv\)")
 
 
 def test_path_error_names_what_loading_will_refuse(tmp_path):

@@ -248,7 +248,7 @@ def _write(kind: str, directory: Path) -> tuple[Path, str]:
     if kind == "webp_rgba":
         _rgba().save(path, lossless=True)
         return path, "RGBA"
-    if kind in ("bmp", "tiff"):
+    if kind in ("bmp", "tiff", "avif"):
         base.save(path)
         return path, "RGB"
     raise AssertionError(kind)
@@ -266,6 +266,7 @@ KINDS = [
     "webp_rgba",
     "bmp",
     "tiff",
+    "avif",
 ]
 TRANSPARENT = {"png_la", "png_rgba", "png_palette", "gif", "webp_rgba"}
 

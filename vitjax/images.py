@@ -20,7 +20,8 @@ from typing import BinaryIO
 import numpy as np
 from PIL import ExifTags, Image, ImageOps
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+# AVIF needs a Pillow with AVIF support (`PIL.features.check("avif")`); without it such a file fails by name.
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".avif"})
 # Video containers (`vitjax.video` decodes them): folder scans pick them up beside images.
 VIDEO_EXTENSIONS = frozenset(
     {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
