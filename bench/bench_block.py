@@ -8,7 +8,7 @@ unrolled (no loop); without CUDA graphs; the previous paths (the MLP's hidden wi
 XLA's two-pass LayerNorm, every block writing the tap buffer); the tap write under XLA's `cond`; the MLP weights
 padded once outside the program; XLA's dynamic-slice fusion; cuDNN's LayerNorm; XLA's block-level (Triton)
 fusions; cuBLASLt's first heuristic choices; and, named "fa4=<schedule>" in --variants, the shipped scan with fa4
-under another schedule (`vitjax.attention.Fa4Tile`). With $HLO_DIR set, each 20-photo scan variant's optimized
+under another schedule (`vitjax.fa4.Fa4Tile`). With $HLO_DIR set, each 20-photo scan variant's optimized
 HLO is written there. With --profile, each scan also runs under JAX's profiler and its device ops' times per call
 are reported (`scan_op` rows, largest first). Every variant's last state and taps are compared with the shipped
 scan's on the same weights and input (`max_abs_diff_vs_shipped`). One JSON object per line.
@@ -35,7 +35,7 @@ from bench_vit import GpuSampler, op_times, spare_slot_run_blocks, taps_run_bloc
 from flax import nnx
 
 import vitjax
-from vitjax import attention, layout, model
+from vitjax import attention, fa4, layout, model
 from vitjax.buckets import COMPILER_OPTIONS
 from vitjax.model import TowerInputs, apply_rotary, rotary_tables
 from vitjax.taps import skipping
@@ -208,9 +208,9 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["no_graphs"] = (cfg, None, no_graphs)
     # cuBLASLt's first heuristic choice for every GEMM instead of the one XLA's autotuner timed fastest
     variants["autotune_level_0"] = (cfg, None, {**COMPILER_OPTIONS, "xla_gpu_autotune_level": 0})
-    # fa4 under another schedule (`vitjax.attention.Fa4Tile`), named "fa4=<schedule>" in `only`
+    # fa4 under another schedule (`vitjax.fa4.Fa4Tile`), named "fa4=<schedule>" in `only`
     for name in sorted(n for n in only or () if n.startswith("fa4=")):
-        variants[name] = (cfg, attention.Fa4Tile.parse(name.removeprefix("fa4=")), COMPILER_OPTIONS)
+        variants[name] = (cfg, fa4.Fa4Tile.parse(name.removeprefix("fa4=")), COMPILER_OPTIONS)
     # the per-call weight work (per-block weight copies out of the stacked weights, the MLP pads) and the tap writes
     variants["padded_mlp_state"] = (cfg, "padded", COMPILER_OPTIONS)
     variants["slice_fusion"] = (cfg, None, {**COMPILER_OPTIONS, **SLICE_FUSION})
@@ -219,7 +219,7 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
     variants["cond_taps"] = (cfg, "cond_taps", COMPILER_OPTIONS)
     variants["shipped_again"] = (cfg, None, COMPILER_OPTIONS)
     original, width, norm = model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__
-    run_blocks, shipped_tile = model.VisionTower.run_blocks, attention.FA4_TILES.get(cfg.head_dim)
+    run_blocks, shipped_tile = model.VisionTower.run_blocks, fa4.FA4_TILES.get(cfg.head_dim)
     built = {}  # name -> (executable, weights, x, compile seconds, optimized HLO)
     for name, (c, patch, options) in variants.items():
         if only and name not in only:
@@ -233,8 +233,8 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
             "spare_slot_taps": spare_slot_run_blocks,
             "cond_taps": cond_taps_run_blocks,
         }.get(patch if isinstance(patch, str) else "", run_blocks)
-        if isinstance(patch, attention.Fa4Tile):
-            attention.set_fa4_tile(cfg.head_dim, patch)
+        if isinstance(patch, fa4.Fa4Tile):
+            fa4.set_fa4_tile(cfg.head_dim, patch)
         try:
             tower = nnx.eval_shape(lambda c=c: model.VisionTower(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
             graph, abstract = nnx.split(tower)
@@ -251,8 +251,8 @@ def scan_variants(cfg, grids, tokens, slots, impl, shape_name, hlo_dir, only=Non
         finally:
             model.Attention.__call__, model.GEMM_WIDTH_MULTIPLE, model._LayerNorm.__call__ = original, width, norm
             model.VisionTower.run_blocks = run_blocks
-            if isinstance(patch, attention.Fa4Tile):
-                attention.set_fa4_tile(cfg.head_dim, shipped_tile)
+            if isinstance(patch, fa4.Fa4Tile):
+                fa4.set_fa4_tile(cfg.head_dim, shipped_tile)
     times, stats = collections.defaultdict(list), collections.defaultdict(list)
     for _, name in rotating_rounds(list(built), rounds):
         exe, state, x, _, _ = built[name]

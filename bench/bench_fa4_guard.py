@@ -24,17 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 from bench_attention import CASES, case_segments, errors, pipelined_ms, random_qkv, rotating_rounds, run_cases
 
-from vitjax import attention
+from vitjax import attention, fa4
 
 HEAD_DIM = 72
-FIX, ONLINE = attention.Fa4Tile.parse("192x112rs3:vsum:fix"), attention.Fa4Tile.parse("192x112rs3:vsum")
+FIX, ONLINE = fa4.Fa4Tile.parse("192x112rs3:vsum:fix"), fa4.Fa4Tile.parse("192x112rs3:vsum")
 
 
 def forms(seg: attention.Segments) -> dict:
     from fa4_jax import flash_attn_varlen
 
-    attention._route_fa4_schedules()  # our schedules (`FA4_TILES`) for the calls made here directly
-    cu, used = attention.cu_seqlens(seg, seg.ids.shape[0]), seg.lengths
+    fa4._route_fa4_schedules()  # our schedules (`FA4_TILES`) for the calls made here directly
+    cu, used = fa4.cu_seqlens(seg, seg.ids.shape[0]), seg.lengths
     call = functools.partial(flash_attn_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used)
     columns = attention.value_columns("fa4", HEAD_DIM)
 
@@ -99,11 +99,11 @@ def run_case(case: str, rounds: int, emit) -> None:
     v = attention.widen(v, attention.value_columns("fa4", HEAD_DIM))
     real = np.asarray(seg.ids) >= 0
     ref = np.asarray(attention.attention(q, k, v[..., :HEAD_DIM], seg, "reference"), np.float32)
-    shipped = attention.FA4_TILES.get(HEAD_DIM)
+    shipped = fa4.FA4_TILES.get(HEAD_DIM)
     fns = {}
     try:
         for name, fn in forms(seg).items():
-            attention.set_fa4_tile(HEAD_DIM, ONLINE if name == "online" else FIX)
+            fa4.set_fa4_tile(HEAD_DIM, ONLINE if name == "online" else FIX)
             for kind, f in (("alone", fn), ("scan4", scanned(fn))):
                 exe = jax.jit(f).lower(q, k, v).compile()
                 copies = sum(" copy(" in line or "copy-start" in line for line in exe.as_text().splitlines())
@@ -112,7 +112,7 @@ def run_case(case: str, rounds: int, emit) -> None:
             got = got[0] if isinstance(got, tuple) else got
             emit({"case": case, "what": "check", "variant": name, **errors(got, ref, real)})
     finally:
-        attention.set_fa4_tile(HEAD_DIM, shipped)
+        fa4.set_fa4_tile(HEAD_DIM, shipped)
     times: dict = {key: [] for key in fns}
     for _, key in rotating_rounds(list(fns), rounds):
         times[key].append(pipelined_ms(fns[key][0], q, k, v))

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from bench_attention import CASES, HEADS, case_segments, pipelined_ms, random_qkv, rotating_rounds, run_cases
 
-from vitjax import attention
+from vitjax import attention, fa4
 
 
 def head_major_segments(seg: attention.Segments, tokens: int) -> tuple[jax.Array, jax.Array]:
     """cu_seqlens and used lengths of every (head, slot) as its own sequence over `[16·T, 1, D]`."""
-    cu = attention.cu_seqlens(seg, tokens)
+    cu = fa4.cu_seqlens(seg, tokens)
     starts = (jnp.arange(HEADS, dtype=jnp.int32)[:, None] * tokens + cu[None, :-1]).ravel()
     cu_heads = jnp.concatenate([starts, jnp.full((1,), HEADS * tokens, jnp.int32)])
     return cu_heads, jnp.tile(seg.lengths.astype(jnp.int32), HEADS)

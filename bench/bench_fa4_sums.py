@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from bench_attention import CASES, case_segments, errors, pipelined_ms, random_qkv, recorder, rotating_rounds
 
-from vitjax import attention
+from vitjax import attention, fa4
 
 HEAD_DIM = 72
 CHECK_GRIDS = ([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 6144, 8)  # 4,476 tokens
@@ -48,7 +48,7 @@ def compiled(name: str, seg: attention.Segments, args: tuple):
     """One variant's call, compiled now: the fa4 schedule is read when the program is traced."""
     impl = "fa4" if name in FA4 else name
     if name in FA4:
-        attention.set_fa4_tile(HEAD_DIM, attention.Fa4Tile.parse(FA4[name][0]))
+        fa4.set_fa4_tile(HEAD_DIM, fa4.Fa4Tile.parse(FA4[name][0]))
     return jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl)).lower(*args).compile()
 
 
@@ -96,13 +96,13 @@ def main() -> None:
     args = ap.parse_args()
     names = args.variants.split(",")
     rows, emit = recorder("bench_fa4_sums", args.out)
-    shipped = attention.FA4_TILES.get(HEAD_DIM)
+    shipped = fa4.FA4_TILES.get(HEAD_DIM)
     try:
         check(names, *CHECK_GRIDS, emit, "odd")
         for case in args.cases.split(","):
             run_case(case, names, args.rounds, emit)
     finally:
-        attention.set_fa4_tile(HEAD_DIM, shipped)
+        fa4.set_fa4_tile(HEAD_DIM, shipped)
     for r in rows:
         if r["what"] == "time":
             print(f"{r['case']:<10}{r['variant']:<14}{r['ms']:>8.3f} ms{r['tflops']:>6.0f} TFLOP/s")

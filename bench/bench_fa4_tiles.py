@@ -38,10 +38,10 @@ from bench_attention import (
     segments,
 )
 
-from vitjax import attention  # noqa: E402
+from vitjax import fa4  # noqa: E402
 
 HEAD_DIM = 72
-# upstream first (FA3's table, the baseline), the shipped schedule (`attention.FA4_TILES`), 3 MMA warpgroups with P
+# upstream first (FA3's table, the baseline), the shipped schedule (`fa4.FA4_TILES`), 3 MMA warpgroups with P
 # in shared memory, and with P in registers at up to 112 keys a step (192 x 128 with P in registers spills at head_dim
 # 72), FA3's head_dim-128 family (2 warpgroups, P in registers, wider key steps; 128 x 240 spills), and deeper K/V
 # pipelines. All of these compile without spills for sm_90a (ptxas, offline).
@@ -55,7 +55,7 @@ CHECK_GRIDS = ([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 8), ([(1, 44,
 def check(name: str) -> dict:
     """Build one schedule and hold it against the fp32 reference: odd frames with unused slots and tail padding,
     one frame in a one-slot bucket, and NaN in the padding rows (real rows must not see it)."""
-    attention.set_fa4_tile(HEAD_DIM, attention.Fa4Tile.parse(name))
+    fa4.set_fa4_tile(HEAD_DIM, fa4.Fa4Tile.parse(name))
     start = time.perf_counter()
     worst = {"max_abs_err": 0.0, "rel_l2_err": 0.0, "finite": True}
     for n, (grids, slots) in enumerate(CHECK_GRIDS):
@@ -105,7 +105,7 @@ def timing(names: list[str], rounds: int, emit) -> None:
     for name in [*names, "cudnn_packed"]:
         impl = "cudnn_packed" if name == "cudnn_packed" else "fa4"
         if impl == "fa4":
-            attention.set_fa4_tile(HEAD_DIM, attention.Fa4Tile.parse(name))
+            fa4.set_fa4_tile(HEAD_DIM, fa4.Fa4Tile.parse(name))
         runs[name] = {}
         for case, (grids, tokens, slots) in CASES.items():
             seg = segments(grids, tokens, slots)
@@ -144,7 +144,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default=VARIANTS, help="fa4 tiles (vitjax.attention.Fa4Tile), comma-separated")
+    ap.add_argument("--variants", default=VARIANTS, help="fa4 tiles (vitjax.fa4.Fa4Tile), comma-separated")
     ap.add_argument("--jobs", type=int, default=6, help="schedules built and checked at the same time")
     ap.add_argument("--check-limit", type=int, default=300, help="seconds one schedule may take to build and check")
     ap.add_argument("--rounds", type=int, default=3)

@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_attention import CASES, HEADS, pipelined_ms, recorder, rotating_rounds, run_fn, segments
 
-from vitjax import attention  # noqa: E402
+from vitjax import fa4  # noqa: E402
 
 TILE = "192x144ss"
 
@@ -37,7 +37,7 @@ def main() -> None:
     seg = segments(grids, tokens, slots)
     pairs = [tuple(int(w) for w in p.split(":")) for p in args.pairs.split(",")]
     for d in {d for d, _ in pairs}:  # upstream picks 192 x 128 with P in registers at 64 and below
-        attention.set_fa4_tile(d, attention.Fa4Tile.parse(TILE))
+        fa4.set_fa4_tile(d, fa4.Fa4Tile.parse(TILE))
     rng = np.random.default_rng(0)
     inputs = {
         (d, dv): tuple(jnp.asarray(rng.standard_normal((tokens, HEADS, w)), jnp.bfloat16) for w in (d, d, dv))

@@ -46,8 +46,9 @@ from flax import nnx  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import buckets, layout  # noqa: E402
-from vitjax.attention import FA4_TILES, Fa4Tile, set_fa4_tile, widen  # noqa: E402
+from vitjax.attention import widen  # noqa: E402
 from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
+from vitjax.fa4 import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 from vitjax.parallel import DataParallel, group_rows, split_balanced  # noqa: E402
 from vitjax.row_views import row_view  # noqa: E402

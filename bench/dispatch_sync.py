@@ -21,7 +21,7 @@ import numpy as np
 from bench_attention import recorder  # bench/ is on sys.path when run as a script
 
 import vitjax
-from vitjax import attention, buckets
+from vitjax import buckets, fa4
 
 WORKLOADS = {"20x960x1280": [(1, 60, 80)] * 20, "8x720p": [(1, 44, 80)] * 8, "1x720p": [(1, 44, 80)]}
 
@@ -68,11 +68,11 @@ def main() -> None:
     hlo_dir = os.environ.get("HLO_DIR")
     variants = args.variants
     options = dict(buckets.COMPILER_OPTIONS)
-    guarded = attention._fa4
+    guarded = fa4.forward
     for variant in variants:
         buckets.COMPILER_OPTIONS.clear()
         buckets.COMPILER_OPTIONS.update(options)
-        attention._fa4 = guarded
+        fa4.forward = guarded
         if variant == "min_graph_1":
             buckets.COMPILER_OPTIONS["xla_gpu_graph_min_graph_size"] = 1
         if variant == "graphs_while":
@@ -94,7 +94,7 @@ def main() -> None:
                 finally:
                     jax.lax.while_loop = real
 
-            attention._fa4 = unguarded
+            fa4.forward = unguarded
         enc = vitjax.Encoder.random("qwen3-vl-8b", attention="fa4")
         measure(variant, enc, hlo_dir, emit)
         del enc

@@ -1,8 +1,8 @@
 """Compile fa4's Hopper forward for sm_90a on a machine without a GPU, and read what the compiler made of it.
 
 The CuTe DSL traces, lowers and assembles a kernel without a driver once it is told the target, so candidate
-schedules (`vitjax.attention.Fa4Tile`) can be checked for spills and register headroom before any device time is
-spent. Each schedule is the kernel object vitjax would launch (`attention._fa4_sm90_forward`), called as vitjax
+schedules (`vitjax.fa4.Fa4Tile`) can be checked for spills and register headroom before any device time is
+spent. Each schedule is the kernel object vitjax would launch (`fa4._fa4_sm90_forward`), called as vitjax
 calls it (packed sequence, 16 heads, `cu_seqlens` and used lengths, bf16). Reported: shared memory, the highest
 register the SASS uses (the consumer warpgroups get 160 registers with 3 of them, 240 with 2), local-memory
 spills (STL/LDL) and wgmma instructions.
@@ -49,7 +49,7 @@ def compile_schedule(text: str, head_dim: int) -> dict:
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
     from fa4_jax.cute.utils import AuxData
 
-    from vitjax.attention import Fa4Tile, _fa4_sm90_forward, fa4_tile_width
+    from vitjax.fa4 import Fa4Tile, _fa4_sm90_forward, fa4_tile_width
 
     tile = Fa4Tile.parse(text)
     width_v = fa4_tile_width(head_dim) if tile.value_sums else head_dim  # V as the tower gives it (`value_columns`)
@@ -92,7 +92,7 @@ def compile_schedule(text: str, head_dim: int) -> dict:
         return make_fake_compact_tensor(cutlass.Int32, (cute.sym_int32(),), stride_order=(0,), assumed_align=256)
 
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    tensors = (rows(), rows(), rows(width_v), ints(), ints(), rows(head_dim))  # O at head_dim (`attention._fa4`)
+    tensors = (rows(), rows(), rows(width_v), ints(), ints(), rows(head_dim))  # O at head_dim (`fa4.forward`)
     cute.compile(forward, stream, *tensors, options="--enable-tvm-ffi")
     return row
 

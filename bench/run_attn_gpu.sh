@@ -38,14 +38,14 @@ run() {  # name, seconds, command...
 
 SMOKE='
 import jax, jax.numpy as jnp, numpy as np, importlib.metadata as md
-from vitjax import attention, layout
+from vitjax import attention, fa4, layout
 print(jax.devices(), {p: md.version(p) for p in ("fa4-jax", "cutejax", "nvidia-cutlass-dsl", "jax-tvm-ffi")})
 packed = layout.pack([(1, 12, 20), (1, 8, 8), (1, 2, 2)], 512, 4)
 seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]))
 q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((512, 16, 72)), jnp.bfloat16) for i in range(3))
 run = lambda impl: np.asarray(jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, impl))(q, k, v), np.float32)
 real = packed.segment_ids >= 0
-print("default:", attention.default_implementation(), "tiles:", {h: str(t) for h, t in attention.FA4_TILES.items()},
+print("default:", attention.default_implementation(), "tiles:", {h: str(t) for h, t in fa4.FA4_TILES.items()},
       "max abs err vs reference:", float(np.abs(run("fa4")[real] - run("reference")[real]).max()))
 '
 
@@ -54,8 +54,8 @@ PROFILE='
 import sys, jax
 sys.path.insert(0, "bench")
 from bench_attention import CASES, random_qkv, run_fn, segments
-from vitjax import attention
-attention.set_fa4_tile(72, attention.Fa4Tile.parse(sys.argv[1]))
+from vitjax import fa4
+fa4.set_fa4_tile(72, fa4.Fa4Tile.parse(sys.argv[1]))
 grids, tokens, slots = CASES["20x4800"]
 fn = run_fn("fa4", segments(grids, tokens, slots))
 jax.block_until_ready(fn(*random_qkv(0, tokens, 72)))

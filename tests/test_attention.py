@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY
 
 import vitjax
-from vitjax import attention, layout
+from vitjax import attention, fa4, layout
 
 
 @pytest.mark.parametrize("head_dim", [64, 72])
@@ -70,7 +70,7 @@ def test_float32_towers_run_xlas_path(monkeypatch):
     attention._auto.cache_clear()
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention, "_capabilities", lambda: ["9.0"])
-    monkeypatch.setattr(attention, "fa4_version", lambda: attention.FA4_VERIFIED[0])
+    monkeypatch.setattr(fa4, "fa4_version", lambda: fa4.FA4_VERIFIED[0])
     try:
         assert [attention.default_implementation(d) for d in (None, "bfloat16", "float16")] == ["fa4"] * 3
         assert attention.default_implementation("float32") == attention.default_implementation(np.float32)
@@ -101,16 +101,16 @@ def test_an_encoder_names_the_dtype_a_flash_path_refuses(tmp_path):
 def test_select_implementation():
     """The automatic choice: fa4 only on all-Hopper devices with a verified fa4-jax; cuDNN packed on Hopper or newer
     with a usable entry point; the padded cuDNN path on other GPUs; XLA off the GPU."""
-    fa4 = attention.FA4_VERIFIED[0]
+    release = fa4.FA4_VERIFIED[0]
     select = attention.select_implementation
-    assert select("cpu", [], fa4, True) == "reference"
-    assert select("gpu", ["9.0"], fa4, True) == "fa4"
-    assert select("gpu", ["9.0", "9.0"], fa4, False) == "fa4"
+    assert select("cpu", [], release, True) == "reference"
+    assert select("gpu", ["9.0"], release, True) == "fa4"
+    assert select("gpu", ["9.0", "9.0"], release, False) == "fa4"
     assert select("gpu", ["9.0"], None, True) == "cudnn_packed"  # not installed: cuDNN is the fallback
     assert select("gpu", ["9.0"], "0.0.1", True) == "cudnn_packed"  # a release nobody checked
-    assert select("gpu", ["10.0"], fa4, True) == "cudnn_packed"  # Blackwell: fa4 not measured there
-    assert select("gpu", ["9.0", "8.0"], fa4, True) == "cudnn_padded"  # one Ampere device rules both out
-    assert select("gpu", ["8.6"], fa4, True) == "cudnn_padded"
+    assert select("gpu", ["10.0"], release, True) == "cudnn_packed"  # Blackwell: fa4 not measured there
+    assert select("gpu", ["9.0", "8.0"], release, True) == "cudnn_padded"  # one Ampere device rules both out
+    assert select("gpu", ["8.6"], release, True) == "cudnn_padded"
     assert select("gpu", ["9.0"], None, False) == "cudnn_padded"
 
 
@@ -127,7 +127,7 @@ def test_bucket_implementation(monkeypatch):
 
 
 def test_fa4_needs_its_package():
-    if attention.fa4_version() is not None:
+    if fa4.fa4_version() is not None:
         pytest.skip("fa4-jax is installed here")
     assert attention.fa4_available() is False
     with pytest.raises(ValueError, match="fa4-jax"):
@@ -137,17 +137,17 @@ def test_fa4_needs_its_package():
 @pytest.mark.parametrize(
     "text, tile",
     [
-        ("192x144ss", attention.Fa4Tile(192, 144, False, 2)),
-        ("128x176rs", attention.Fa4Tile(128, 176, True, 2)),
-        ("128x176rs3", attention.Fa4Tile(128, 176, True, 3)),
-        ("192x112rs3", attention.Fa4Tile(192, 112, True, 3)),
-        ("192x112rs3:vsum", attention.Fa4Tile(192, 112, True, 3, value_sums=True)),
-        ("192x112rs3:vsum:fix", attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)),
-        ("192x112rs3:vsum:fix:col", attention.Fa4Tile(192, 112, True, 3, True, True, shift_column=True)),
+        ("192x144ss", fa4.Fa4Tile(192, 144, False, 2)),
+        ("128x176rs", fa4.Fa4Tile(128, 176, True, 2)),
+        ("128x176rs3", fa4.Fa4Tile(128, 176, True, 3)),
+        ("192x112rs3", fa4.Fa4Tile(192, 112, True, 3)),
+        ("192x112rs3:vsum", fa4.Fa4Tile(192, 112, True, 3, value_sums=True)),
+        ("192x112rs3:vsum:fix", fa4.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True)),
+        ("192x112rs3:vsum:fix:col", fa4.Fa4Tile(192, 112, True, 3, True, True, shift_column=True)),
     ],
 )
 def test_fa4_tile_names(text, tile):
-    assert attention.Fa4Tile.parse(text) == tile and str(tile) == text
+    assert fa4.Fa4Tile.parse(text) == tile and str(tile) == text
 
 
 @pytest.mark.parametrize(
@@ -156,14 +156,14 @@ def test_fa4_tile_names(text, tile):
 )
 def test_fa4_tile_bad_names(text):
     with pytest.raises(ValueError, match=f"fa4 tile '{re.escape(text)}'"):
-        attention.Fa4Tile.parse(text)
+        fa4.Fa4Tile.parse(text)
 
 
 @pytest.mark.parametrize("flags", [{"fixed_shift": True}, {"value_sums": True, "shift_column": True}])
 def test_fa4_tile_flags_that_need_another(flags):
     """The fixed shift reads its overflow from the value sums, and the shift column writes the fixed shift."""
     with pytest.raises(ValueError, match="the fixed shift needs the value sums, and the shift column the fixed shift"):
-        attention.Fa4Tile(192, 112, True, 3, **flags)
+        fa4.Fa4Tile(192, 112, True, 3, **flags)
 
 
 def test_value_columns(monkeypatch):
@@ -171,8 +171,8 @@ def test_value_columns(monkeypatch):
     dim (72 in 80, the 8B-and-larger towers); no other path or head dim widens V."""
     assert attention.value_columns("fa4", 72) == (1.0,) + (0.0,) * 7  # the shipped schedule
     assert attention.value_columns("cudnn_packed", 72) == attention.value_columns("reference", 72) == ()
-    tiles = {72: attention.Fa4Tile(192, 112, True, 3), 64: attention.Fa4Tile(192, 112, True, 3, value_sums=True)}
-    monkeypatch.setattr(attention, "FA4_TILES", {**tiles, 40: tiles[64]})
+    tiles = {72: fa4.Fa4Tile(192, 112, True, 3), 64: fa4.Fa4Tile(192, 112, True, 3, value_sums=True)}
+    monkeypatch.setattr(fa4, "FA4_TILES", {**tiles, 40: tiles[64]})
     assert attention.value_columns("fa4", 72) == ()  # a schedule without value sums
     assert attention.value_columns("fa4", 64) == ()  # 64 fills its tile: no spare column
     assert attention.value_columns("fa4", 40) == (1.0,) + (0.0,) * 7  # 40 runs as 48
@@ -186,7 +186,7 @@ def test_query_key_columns(monkeypatch):
     assert attention.query_key_columns("fa4", 72) == (pytest.approx(scale, rel=1e-12), (0.0,) * 8, (1.0,) + (0.0,) * 7)
     assert attention.query_key_columns("cudnn_packed", 72) == attention.query_key_columns("fa4", 64) == (1.0, (), ())
     assert attention.query_key_columns("fa4", 72, "float16") == (1.0, (), ())  # float16 keeps the online maximum
-    monkeypatch.setitem(attention.FA4_TILES, 72, attention.Fa4Tile(192, 112, True, 3, True, True))
+    monkeypatch.setitem(fa4.FA4_TILES, 72, fa4.Fa4Tile(192, 112, True, 3, True, True))
     assert attention.query_key_columns("fa4", 72) == (1.0, (), ())  # the fixed shift without the column
 
 
@@ -203,15 +203,15 @@ def test_fa4_call_tile(monkeypatch):
     8 x 1080p buckets, one or two 1080p images (8,192 tokens in one slot, 16,384 in four), not one or two 720p images
     (3,584 in one, 8,192 in four) nor a bucket of clip frames; the rest of the schedule unchanged; head dims without a
     schedule of ours keep fa4-jax's."""
-    fixed = attention.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True, shift_column=True)
-    monkeypatch.setattr(attention, "FA4_TILES", {72: fixed})
+    fixed = fa4.Fa4Tile(192, 112, True, 3, value_sums=True, fixed_shift=True, shift_column=True)
+    monkeypatch.setattr(fa4, "FA4_TILES", {72: fixed})
     for tokens, slots in [(98304, 64), (65536, 16), (16384, 1), (8192, 1), (16384, 4)]:
-        assert attention.fa4_call_tile(72, tokens, slots) == fixed
+        assert fa4.fa4_call_tile(72, tokens, slots) == fixed
     online = dataclasses.replace(fixed, fixed_shift=False, shift_column=False)
     for tokens, slots in [(3584, 1), (32768, 64), (8192, 4)]:
-        assert attention.fa4_call_tile(72, tokens, slots) == online
-    assert attention.fa4_call_tile(64, 98304, 64) is None
-    assert attention.fa4_call_tile(72, 98304, 64, "float16") == online  # P in float16 stops at 2^16
+        assert fa4.fa4_call_tile(72, tokens, slots) == online
+    assert fa4.fa4_call_tile(64, 98304, 64) is None
+    assert fa4.fa4_call_tile(72, 98304, 64, "float16") == online  # P in float16 stops at 2^16
 
 
 def _seq_split(fn, devices: int):
@@ -248,12 +248,12 @@ def _segments(packed, seq_axis=None) -> attention.Segments:
 
 def test_set_fa4_tile_without_the_package(monkeypatch):
     """Choosing a schedule only records it (fa4-jax is imported at the first fa4 trace); None restores fa4-jax's."""
-    monkeypatch.setattr(attention, "FA4_TILES", dict(attention.FA4_TILES))
-    tile = attention.Fa4Tile(128, 176, True)
-    attention.set_fa4_tile(64, tile)
-    assert attention.FA4_TILES[64] == tile
-    attention.set_fa4_tile(64, None)
-    assert 64 not in attention.FA4_TILES
+    monkeypatch.setattr(fa4, "FA4_TILES", dict(fa4.FA4_TILES))
+    tile = fa4.Fa4Tile(128, 176, True)
+    fa4.set_fa4_tile(64, tile)
+    assert fa4.FA4_TILES[64] == tile
+    fa4.set_fa4_tile(64, None)
+    assert 64 not in fa4.FA4_TILES
 
 
 @pytest.mark.parametrize(
@@ -270,7 +270,7 @@ def test_cu_seqlens(grids, expected):
     tokens = max(128, sum(layout.grid_tokens(g) for g in grids))
     packed = layout.pack(grids, tokens, 8)
     seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]))
-    cu = np.asarray(attention.cu_seqlens(seg, tokens))
+    cu = np.asarray(fa4.cu_seqlens(seg, tokens))
     assert cu.dtype == np.int32 and cu.tolist() == expected
     covered = np.full(tokens, -1)
     for b, length in enumerate(packed.segment_lengths):

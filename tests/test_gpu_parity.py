@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vitjax import attention, layout, weights
+from vitjax import attention, fa4, layout, weights
 
 torch = pytest.importorskip("torch")
 
@@ -149,18 +149,18 @@ def test_float32_and_float16_towers_match_hf(towers, monkeypatch):
 def test_fixed_shift_tower_matches_hf(towers, monkeypatch):
     """The tower with fa4's fixed shift in every bucket (the test's 5,024 tokens would take the online maximum), on
     one GPU and, with two, under Ulysses: against HF fp32 as close as with the online maximum
-    (`attention.fa4_call_tile`)."""
+    (`fa4.fa4_call_tile`)."""
     import vitjax
 
     cfg, hf, hf32, encoders = towers
-    tile = attention.FA4_TILES.get(72)
+    tile = fa4.FA4_TILES.get(72)
     if "fa4" not in encoders or tile is None or not tile.fixed_shift:
         pytest.skip("fa4's fixed-shift schedule runs on Hopper with fa4-jax")
     tokens = sum(layout.grid_tokens(g) for g in GRIDS)
     pixels = np.random.default_rng(4).standard_normal((tokens, cfg.patch_dim), dtype=np.float32)
     ref = _hf(hf32, pixels, torch.float32)
     online = encoders["fa4"].encode_patches(pixels, np.array(GRIDS))  # compiled under the shipped threshold
-    monkeypatch.setattr(attention, "FA4_FIXED_SHIFT_MIN_WORK", 0)
+    monkeypatch.setattr(fa4, "FA4_FIXED_SHIFT_MIN_WORK", 0)
     params = jax.tree.map(np.asarray, encoders["fa4"].params())
     layouts = {"1 GPU": {}} | ({"Ulysses 2": {"devices": 2, "sequence_parallel": 2}} if len(jax.devices()) >= 2 else {})
     for name, kw in layouts.items():
@@ -232,7 +232,7 @@ def test_attention_paths_agree(head_dim, grids, slots):
 @pytest.mark.parametrize("grids, slots", [([(1, 38, 54), (2, 20, 26), (1, 2, 2), (1, 46, 30)], 8), ([(1, 44, 80)], 1)])
 def test_fa4_value_sums_agree(grids, slots):
     """fa4 with V widened by `value_columns` (each row's softmax sum from P·V's column 72, `vitjax.fa4_sums`) against
-    the fp32 reference, its output at head_dim 72 all the same (`attention._output_width`); its log-sum-exp (fa4's
+    the fp32 reference, its output at head_dim 72 all the same (`fa4._output_width`); its log-sum-exp (fa4's
     `return_lse`, which differentiation would use) against the narrow kernel's."""
     columns = attention.value_columns("fa4", 72)
     if not (_runs("fa4") and columns):
@@ -251,7 +251,7 @@ def test_fa4_value_sums_agree(grids, slots):
     err, rel = float(np.abs(got[real] - ref[real]).max()), _error_to_scale(got, ref, packed.segment_ids)
     print(f"fa4 value sums, slots {slots}: max abs error {err:.4f} against fp32 reference, {rel:.4f} of the scale")
     assert rel < SCALED_TOLERANCE
-    cu, used = attention.cu_seqlens(seg, 6144), seg.lengths
+    cu, used = fa4.cu_seqlens(seg, 6144), seg.lengths
     lse = [
         np.asarray(flash_attn_varlen(q, k, x, cu, cu, seqused_q=used, seqused_k=used, return_lse=True)[1])
         for x in (v, wide)
@@ -261,7 +261,7 @@ def test_fa4_value_sums_agree(grids, slots):
 
 def test_fa4_calls_lowered_on_several_threads_keep_their_widths():
     """Buckets compile on several threads at once (a warm-up, the fitter). fa4's output width is set for the call a
-    thread lowers (`attention._narrowed`): at head_dim 72 with V widened each output is 72 wide, at 64 (no spare
+    thread lowers (`fa4._narrowed`): at head_dim 72 with V widened each output is 72 wide, at 64 (no spare
     column) 64, and each is the fp32 reference's."""
     if not _runs("fa4"):
         pytest.skip("fa4 runs on Hopper with fa4-jax")
@@ -295,12 +295,12 @@ def test_fa4_fixed_shift_holds_or_falls_back(gap, widened, monkeypatch):
     kernel holds (P up to 2^45 in fp32); at 100 it poisons those rows (NaN log-sum-exp) and `attention()` runs the call
     again with fa4's online maximum. Either way the result is the fp32 reference's. `widened`: q and k as the tower
     gives them under a `shift_column` schedule (`query_key_columns`), the shift written into q's column 72."""
-    tile = attention.FA4_TILES.get(72)
+    tile = fa4.FA4_TILES.get(72)
     if not (_runs("fa4") and tile is not None and tile.fixed_shift and (tile.shift_column or not widened)):
         pytest.skip("fa4's fixed-shift schedule runs on Hopper with fa4-jax")
     from fa4_jax import flash_attn_varlen
 
-    monkeypatch.setattr(attention, "FA4_FIXED_SHIFT_MIN_WORK", 0)  # this small call takes the fixed shift too
+    monkeypatch.setattr(fa4, "FA4_FIXED_SHIFT_MIN_WORK", 0)  # this small call takes the fixed shift too
     grids = [(1, 60, 80), (1, 16, 16)]  # 4800 tokens (its first visited block: keys 4704..4799), then 256
     packed = layout.pack(grids, 6144, 4)
     seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=4800)
@@ -314,8 +314,8 @@ def test_fa4_fixed_shift_holds_or_falls_back(gap, widened, monkeypatch):
     q, k = attention.widen(q, q_extra), attention.widen(k, k_extra)
     wide = attention.widen(v, attention.value_columns("fa4", 72))
     real = packed.segment_ids >= 0
-    cu, used = attention.cu_seqlens(seg, 6144), seg.lengths
-    kw = {"scale": attention.LN2, "mask_mod": attention._mark(tile, 72)} if widened else {}
+    cu, used = fa4.cu_seqlens(seg, 6144), seg.lengths
+    kw = {"scale": fa4.LN2, "mask_mod": fa4._mark(tile, 72)} if widened else {}
     lse = np.asarray(flash_attn_varlen(q, k, wide, cu, cu, seqused_q=used, seqused_k=used, return_lse=True, **kw)[1])
     poisoned = np.isnan(lse[:, real]).any(axis=0)
     assert (poisoned[:4800] == (gap > 64)).all() and not poisoned[4800:].any()

@@ -10,14 +10,14 @@ With the sums gone, a step's softmax is mostly its row maxima (56 FMNMX, the shu
 `fixed_shift` each row's exponentials are shifted by its maximum over the first block fa4 visits (the sequence's last
 keys), and later blocks are exponentiated against it with no maximum and no rescale: exact, since softmax does not
 depend on the shift, while P stays finite. A row whose later scores pass that maximum by ~2^64 (its sum column past
-`OVERFLOW`) is poisoned, O and log-sum-exp NaN, and `attention._fa4` runs the call again with the online maximum.
+`OVERFLOW`) is poisoned, O and log-sum-exp NaN, and `fa4.forward` runs the call again with the online maximum.
 
 With `shift_column` too, q and k come at the tile's width, q scaled by head_dim**-0.5 · log2(e) and k with a one in
 column `head_dim` (`attention.query_key_columns`): the first block writes each row's shift, negated and rounded to Q's
 dtype, into that column of the Q tile in shared memory, so later blocks' Q·Kᵀ comes out already shifted and in log2
 units, and a score's exponential is the MUFU alone (the FFMA of scale and shift goes: 56 a thread for each step).
 Reaches into fa4-jax 0.1.0's kernel module (its `Softmax`, swapped while the MMA warpgroups' code is traced, and the
-epilogue's signature): checked on `attention.FA4_VERIFIED` only.
+epilogue's signature): checked on `fa4.FA4_VERIFIED` only.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from fa4_jax.cute import flash_fwd_sm90, utils
 from fa4_jax.cute.quack import layout_utils
 from fa4_jax.cute.softmax import Softmax
 
-from vitjax.attention import LN2
+from vitjax.fa4 import LN2
 
 OVERFLOW = 2.0**64
 
