@@ -80,7 +80,8 @@ def model_architectures(model: str) -> list[str] | None:
     try:
         return list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
     except (OSError, ValueError) as e:  # not a folder here, and not a model transformers can find
-        raise UsageError(f"--model-path {model}: {str(e).splitlines()[0]}") from None
+        reason = str(e).splitlines()[0]
+        raise UsageError(f"--model-path {model}: no such directory, nor a hub model ({reason})") from None
 
 
 def sglang_parser() -> argparse.ArgumentParser:

@@ -178,7 +178,8 @@ def test_launcher_strips_its_flag_and_refuses_what_it_cannot_serve(moe, tmp_path
     with pytest.raises(UsageError, match=rf"^{broken / 'config.json'}: not a readable JSON config \(Expecting"):
         prepare(["--model-path", str(broken)])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UsageError, match=r"^--model-path no-such-org/no-such-model: "):
+    not_there = r"^--model-path no-such-org/no-such-model: no such directory, nor a hub model \("
+    with pytest.raises(UsageError, match=not_there):
         prepare(["--model-path", "no-such-org/no-such-model"])
     # SGLang's --dtype float32 gives float32 towers, which no flash path runs; its "auto" gives 16-bit ones.
     monkeypatch.setenv("VITJAX_ATTENTION", "cudnn_padded")

@@ -76,7 +76,7 @@ def test_device_settings_are_refused_before_the_checkpoint_is_read(checkpoint, m
         ({"devices": 9}, "asked for 9 devices, but this process has 4"),
         ({"devices": 2, "sequence_parallel": 2, "buckets": odd_buckets}, r"must be multiples of 8 to split"),
         ({"sequence_parallel": True}, "sequence_parallel must be a positive integer, got True"),
-        ({"buckets": "tight"}, "buckets must be a vitjax.BucketPolicy, got 'tight'"),
+        ({"buckets": "tight"}, "buckets must be a vitjax.buckets.BucketPolicy, got 'tight'"),
         ({"cache_bytes": "1GB"}, "cache_bytes must be a whole number of bytes, 0 or more"),
         ({"cache_bytes": -5}, "cache_bytes must be a whole number of bytes, 0 or more"),
         ({"cache_bytes": 1.5}, "cache_bytes must be a whole number of bytes, 0 or more"),

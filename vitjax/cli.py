@@ -497,13 +497,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--video-min-pixels",
         type=int,
         default=VIDEO_MIN_PIXELS,
-        help="smallest resized area of a video, all frames together (default: %(default)s)",
+        help="smallest resized area of a video, all frames together; each frame keeps at least 1.05x this "
+        "(HF's per-frame cap; default: %(default)s)",
     )
     video.add_argument(
         "--video-max-pixels",
         type=int,
         default=VIDEO_MAX_PIXELS,
-        help="largest resized area of a video, all frames together, within HF's per-frame cap (default: %(default)s)",
+        help="budget of a video's resized area, shared evenly by its frames, each frame at least 1.05 x "
+        "--video-min-pixels (HF's per-frame cap; default: %(default)s)",
     )
     enc.add_argument("--seed", type=_seed, default=0, help="seed for --random-init (default: %(default)s)")
     enc.add_argument(

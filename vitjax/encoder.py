@@ -411,7 +411,7 @@ def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> list[jax.D
     check_max_bytes(kw.get("cache_bytes", 0))
     policy = kw.get("buckets") or BucketPolicy()
     if not isinstance(policy, BucketPolicy):
-        raise ValueError(f"buckets must be a vitjax.BucketPolicy, got {policy!r}")
+        raise ValueError(f"buckets must be a vitjax.buckets.BucketPolicy, got {policy!r}")
     picked = pick_devices(kw.get("devices"))
     check_devices(named, picked, "attention" if kw.get("attention") else f"${ENV_VAR}")
     groups = device_groups(picked, kw.get("sequence_parallel", 1), cfg.num_heads)
