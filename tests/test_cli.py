@@ -242,7 +242,7 @@ def test_inputs_certain_to_fail_are_found_before_the_model(config_only, tmp_path
     url = "https://example.com/a.jpg"
     out = tmp_path / "out.safetensors"
     code, stdout, err = run(capsys, str(empty), str(notes), url, "--model", str(config_only), "-o", str(out), "-q")
-    none = "directory contains no image or video files (3gp, avi, bmp,"
+    none = "directory contains no image or video files (3gp, avi, avif, bmp,"
     lines = err.splitlines()
     assert code == 1 and not out.exists() and not stdout and len(lines) == 3, err
     assert lines[0].startswith(f"vitjax: error: {empty}: {none}") and lines[1].startswith(
