@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import GRIDS, PHOTOS, TINY, assert_close_to_scale, hf_full_model, hf_outputs, hf_vision_model, pixels_for
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import vitjax
@@ -382,3 +383,71 @@ def test_convert_to_a_long_name(full_model, tmp_path):
     out = tmp_path / ("c" * 248)
     assert weights.convert(path, out, progress=False) == out
     assert [p.name for p in tmp_path.iterdir()] == [out.name] and vitjax.Encoder.from_pretrained(out).cfg == cfg
+
+
+# --- models named by hub id (`vitjax.hub`), from a Hugging Face cache as huggingface_hub keeps one --------------------
+
+HUB_REPO = "vitjax-tests/tiny-qwen3-vl"
+
+
+@pytest.fixture
+def hub_cache(full_model, tmp_path, monkeypatch):
+    """An offline Hugging Face cache holding `HUB_REPO`, the full model sharded as released checkpoints are (the
+    language model's tensors in shards of their own), with only what `vitjax.hub` fetches: config, index and the
+    vision shard. Returns the snapshot folder."""
+    import huggingface_hub.constants
+
+    _, _, path = full_model
+    commit = "3f1c" * 10
+    repo = tmp_path / "hub" / "models--vitjax-tests--tiny-qwen3-vl"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    tensors = {}
+    for shard in set(json.loads((path / weights.INDEX_FILE).read_text())["weight_map"].values()):
+        tensors.update(load_file(path / shard))
+    vision = {k: v for k, v in tensors.items() if k.startswith("model.visual.")}
+    names = {k: f"model-0000{1 if k in vision else 2}-of-00002.safetensors" for k in tensors}
+    (snapshot / weights.INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": names}))
+    save_file(vision, snapshot / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    assert weights.vision_shards(snapshot / weights.INDEX_FILE) == ["model-00001-of-00002.safetensors"]
+    (snapshot / "config.json").write_bytes((path / "config.json").read_bytes())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return snapshot
+
+
+def test_a_hub_id_loads_its_vision_shards_from_the_cache(full_model, hub_cache, tmp_path, capsys):
+    cfg, _, path = full_model
+    enc = vitjax.Encoder.from_pretrained(HUB_REPO, dtype="float32")
+    assert enc.model_id == f"{hub_cache.resolve()}:float32"
+    assert np.array_equal(_encode(enc, cfg)[1], _encode(vitjax.Encoder.from_pretrained(path, dtype="float32"), cfg)[1])
+    out = tmp_path / "out.safetensors"
+    argv = ["encode", str(PHOTOS[0]), "--model", HUB_REPO, "--max-pixels", "65536", "--quiet", "-o", str(out)]
+    assert cli_main(argv) == 0
+    with safe_open(out, "np") as f:
+        assert json.loads(f.metadata()["vitjax"])["model"] == str(hub_cache.resolve())
+    assert cli_main(["convert", HUB_REPO, str(tmp_path / "conv"), "--quiet"]) == 0
+    assert vitjax.Encoder.from_pretrained(tmp_path / "conv").cfg == cfg
+
+
+def test_a_hub_id_the_hub_does_not_give_is_named(full_model, hub_cache, tmp_path, capsys, monkeypatch):
+    """Offline and not cached: an OSError naming the id, one usage line from the CLI (exit 2). A folder here of that
+    name is the model, as in transformers."""
+    missing = "vitjax-tests/not-cached"
+    refused = f"{missing}: not a folder here, and the Hugging Face Hub did not give it ("
+    with pytest.raises(OSError) as caught:
+        vitjax.Encoder.from_pretrained(missing)
+    assert str(caught.value).startswith(refused)
+    assert cli_main(["encode", str(PHOTOS[0]), "--model", missing, "-o", str(tmp_path / "x.safetensors")]) == 2
+    assert cli_main(["convert", missing, str(tmp_path / "conv")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"vitjax: error: --model {refused}")
+    assert lines[1].startswith(f"vitjax: error: convert {missing} {tmp_path / 'conv'}: {refused}")
+    assert not (tmp_path / "x.safetensors").exists() and not (tmp_path / "conv").exists()
+    monkeypatch.chdir(tmp_path)
+    here = tmp_path / HUB_REPO
+    here.parent.mkdir()
+    here.symlink_to(full_model[2])
+    assert vitjax.Encoder.from_pretrained(HUB_REPO).model_id == f"{full_model[2].resolve()}:bfloat16"

@@ -21,6 +21,7 @@ import vitjax
 from vitjax.attention import ENV_VAR, check_devices, named_implementation
 from vitjax.buckets import FIT_GRANULE, BucketPolicy
 from vitjax.config import PRESETS, VisionConfig
+from vitjax.hub import model_folder
 from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
@@ -110,9 +111,14 @@ def _config(args: argparse.Namespace) -> VisionConfig:
         except ValueError as e:
             raise UsageError(f"--random-init {args.random_init}: {e}") from e
         return VisionConfig.preset(args.random_init)
-    path = Path(args.model)
+    try:
+        path = model_folder(args.model, config_only=True)
+    except OSError as e:  # a hub id the hub did not give
+        raise UsageError(f"--model {e}") from e
     if not path.is_dir():
-        raise UsageError(f"--model {args.model}: no such directory (an HF checkpoint or a `vitjax convert` output)")
+        raise UsageError(
+            f"--model {args.model}: no such directory (an HF checkpoint, a `vitjax convert` output or a hub id)"
+        )
     try:
         return VisionConfig.from_hf(path)
     except (OSError, ValueError) as e:
@@ -266,7 +272,9 @@ def _encode(args: argparse.Namespace) -> int:
     for error in missing.values():
         print(f"vitjax: error: {error}", file=sys.stderr)
     todo = [item for i, item in enumerate(items) if i not in missing]
-    encoded, decoder = _run_encoder(args, cfg, settings, policy, todo, say) if todo else ([], args.decoder)
+    encoded, decoder, model_id = ([], args.decoder, "")
+    if todo:
+        encoded, decoder, model_id = _run_encoder(args, cfg, settings, policy, todo, say)
     encoded = iter(encoded)
     results = [missing[i] if i in missing else next(encoded) for i in range(len(items))]
     failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ImageInputError)]
@@ -288,9 +296,7 @@ def _encode(args: argparse.Namespace) -> int:
         from safetensors import SafetensorError
 
         meta = {
-            "model": str(Path(args.model).resolve())
-            if args.model
-            else f"random-init:{args.random_init}:seed={args.seed}",
+            "model": model_id if args.model else f"random-init:{args.random_init}:seed={args.seed}",
             "dtype": args.dtype,
             "vitjax_version": vitjax.__version__,
             "images": images,
@@ -347,15 +353,19 @@ class _Written:
 
 def _run_encoder(
     args, cfg: VisionConfig, settings: EncodeSettings, policy: BucketPolicy, items: list, say
-) -> tuple[list, str]:
-    """Build the encoder (the slow part) and encode `items`: per item an `ImageInputError` or a `_Written`; and
-    the decoder that `--decoder` resolved to."""
+) -> tuple[list, str, str]:
+    """Build the encoder (the slow part) and encode `items`: per item an `ImageInputError` or a `_Written`; the
+    decoder that `--decoder` resolved to; and the model's folder (a hub model's snapshot in the cache)."""
     from vitjax.weights import CheckpointError
 
     parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel, "buckets": policy}
     try:
-        if args.model:
-            enc = vitjax.Encoder.from_pretrained(args.model, dtype=args.dtype, progress=not args.quiet, **parallel)
+        folder = model_folder(args.model) if args.model else None  # a hub model's weights: fetched now
+    except OSError as e:
+        raise UsageError(f"--model {e}") from e
+    try:
+        if folder:
+            enc = vitjax.Encoder.from_pretrained(folder, dtype=args.dtype, progress=not args.quiet, **parallel)
         else:
             enc = vitjax.Encoder.random(cfg, seed=args.seed, dtype=args.dtype, **parallel)
             say(f"using RANDOM weights ({args.random_init}, seed {args.seed}): embeddings are meaningless")
@@ -391,7 +401,7 @@ def _run_encoder(
                 else:
                     results.append(_Written(res, cfg.out_hidden_size))
             held = chunk
-    return results, decoder
+    return results, decoder, str(folder.resolve()) if folder else ""
 
 
 def _tensors(results: list) -> dict:
@@ -407,7 +417,7 @@ def _convert(args: argparse.Namespace) -> int:
     from vitjax.weights import convert
 
     try:
-        out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
+        out = convert(model_folder(args.hf_dir), args.out_dir, progress=not args.quiet)
     except (ValueError, OSError) as e:  # a CheckpointError, a config that is not Qwen3-VL's, a folder it cannot use
         raise UsageError(f"convert {args.hf_dir} {args.out_dir}: {e}") from e
     print(f"wrote {out}")
@@ -439,7 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--files-from", metavar="FILE", help="read more inputs from FILE, one per line ('-': standard input)"
     )
     weights = enc.add_mutually_exclusive_group(required=True)
-    weights.add_argument("--model", help="HF checkpoint directory or a directory written by `vitjax convert`")
+    weights.add_argument(
+        "--model", help="HF checkpoint directory, a directory written by `vitjax convert`, or a Hugging Face Hub id"
+    )
     weights.add_argument(
         "--random-init",
         metavar="PRESET",
@@ -518,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     enc.set_defaults(func=_encode)
 
     conv = sub.add_parser("convert", help="convert an HF checkpoint's vision tower to vitjax's orbax format")
-    conv.add_argument("hf_dir", help="HF model directory (config.json + *.safetensors)")
+    conv.add_argument("hf_dir", help="HF model directory (config.json + *.safetensors) or a Hugging Face Hub id")
     conv.add_argument("out_dir", help="output directory")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     conv.set_defaults(func=_convert)

@@ -21,7 +21,7 @@ import tqdm
 import tqdm.auto
 from flax import nnx
 
-from vitjax import dali, layout, weights
+from vitjax import dali, hub, layout, weights
 from vitjax.attention import ENV_VAR, Segments, check_devices, default_implementation, named_implementation
 from vitjax.buckets import Bucket, BucketPolicy, Engine, checked_bucket
 from vitjax.cache import EmbeddingCache, check_max_bytes
@@ -160,11 +160,14 @@ class Encoder:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "bfloat16", progress: bool = False, **kw) -> Encoder:
-        """Load an HF directory (config.json + *.safetensors) or a directory written by `vitjax convert`."""
+        """Load an HF directory (config.json + *.safetensors), a directory written by `vitjax convert`, or a Hugging
+        Face Hub id ("Qwen/Qwen3-VL-8B-Instruct": its config and vision shards, from the cache or fetched there,
+        `vitjax.hub`)."""
         dtype = tower_dtype(dtype)
         named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
-        cfg = VisionConfig.from_hf(path)  # config.json, in either kind of folder
+        cfg = VisionConfig.from_hf(hub.model_folder(path, config_only=True))  # config.json, in either kind of folder
         _check_settings(cfg, dtype, kw)
+        path = hub.model_folder(path)  # a hub model's weights are fetched once its settings passed
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
         else:

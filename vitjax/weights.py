@@ -119,18 +119,7 @@ def _checkpoint_files(path: Path) -> list[Path]:
         return [path]
     index = path / INDEX_FILE
     if index.is_file():
-        try:
-            weight_map_ = json.loads(index.read_text()).get("weight_map")
-        except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
-            raise CheckpointError(f"{index}: not a readable index ({e})") from None
-        if (
-            not isinstance(weight_map_, dict)
-            or not weight_map_
-            or not all(isinstance(f, str) for f in weight_map_.values())
-        ):
-            raise CheckpointError(f"{index}: not a readable index (its weight_map must map tensor names to file names)")
-        # A vision-only checkpoint has bare names: then every shard is the tower's.
-        names = sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)} or set(weight_map_.values()))
+        names = vision_shards(index)
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{index} lists shards that are not there: {missing}")
@@ -139,6 +128,22 @@ def _checkpoint_files(path: Path) -> list[Path]:
     if not files:
         raise CheckpointError(f"no *.safetensors files in {path}")
     return files
+
+
+def vision_shards(index: Path) -> list[str]:
+    """The shard files a sharded checkpoint's index names for the vision tower; the rest are never read."""
+    try:
+        weight_map_ = json.loads(index.read_text()).get("weight_map")
+    except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
+        raise CheckpointError(f"{index}: not a readable index ({e})") from None
+    if (
+        not isinstance(weight_map_, dict)
+        or not weight_map_
+        or not all(isinstance(f, str) for f in weight_map_.values())
+    ):
+        raise CheckpointError(f"{index}: not a readable index (its weight_map must map tensor names to file names)")
+    # A vision-only checkpoint has bare names: then every shard is the tower's.
+    return sorted({f for k, f in weight_map_.items() if k.startswith(PREFIXES)} or set(weight_map_.values()))
 
 
 def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
