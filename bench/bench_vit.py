@@ -327,14 +327,14 @@ PATHS = {
     },
     "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
     "rotary_then_widen": {(vitjax.model, "apply_rotary"): rotary_then_widen},
-    "shift_threshold_1e8": {(vitjax.attention, "FA4_FIXED_SHIFT_MIN_WORK"): 10**8},  # before 2026-11-26's 7th session
+    "shift_threshold_1e8": {(vitjax.fa4, "FA4_FIXED_SHIFT_MIN_WORK"): 10**8},  # before 2026-11-26's 7th session
     # cuBLASLt's first N kernels for each GEMM, timed by XLA's autotuner (0, shipped: every kernel cuBLASLt offers)
     **{
         f"gemm_top{n}": {(buckets, "COMPILER_OPTIONS"): {**COMPILER_OPTIONS, "xla_gpu_autotune_max_solutions": n}}
         for n in (2, 3, 4, 8)
     },
     "wide_output": {
-        (vitjax.attention, "_output_width"): lambda mask, width: width,
+        (vitjax.fa4, "_output_width"): lambda mask, width: width,
         (vitjax.model.Attention, "__call__"): wide_output_attention,
     },
 }

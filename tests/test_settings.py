@@ -42,7 +42,7 @@ def untouched():
         (  # every frame keeps 1.05 x video_min_pixels
             {"video_min_pixels": 2**40, "video_max_pixels": 2**40, "pixel_limit": 2**40},
             "video_min_pixels",
-            "a clip of 768 frames keeps at least 1154487209164 pixels a frame: 4954521.6 GiB of pixel rows",
+            "a clip of 768 frames gets a budget of 1154487209164 pixels a frame: 4954521.6 GiB of pixel rows",
         ),
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True, False or a tqdm bar"),

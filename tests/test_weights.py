@@ -390,6 +390,20 @@ def test_convert_to_a_long_name(full_model, tmp_path):
 HUB_REPO = "vitjax-tests/tiny-qwen3-vl"
 
 
+def _cached(hub: Path, repo: str, files: dict[str, bytes]) -> Path:
+    """`repo` in a Hugging Face cache at `hub` as huggingface_hub keeps one (refs/main naming a snapshot folder),
+    holding `files`; returns the snapshot folder."""
+    commit = "3f1c" * 10
+    folder = hub / f"models--{repo.replace('/', '--')}"
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    for name, data in files.items():
+        (snapshot / name).write_bytes(data)
+    return snapshot
+
+
 @pytest.fixture
 def hub_cache(full_model, tmp_path, monkeypatch):
     """An offline Hugging Face cache holding `HUB_REPO`, the full model sharded as released checkpoints are (the
@@ -398,27 +412,23 @@ def hub_cache(full_model, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     _, _, path = full_model
-    commit = "3f1c" * 10
-    repo = tmp_path / "hub" / "models--vitjax-tests--tiny-qwen3-vl"
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
     tensors = {}
     for shard in set(json.loads((path / weights.INDEX_FILE).read_text())["weight_map"].values()):
         tensors.update(load_file(path / shard))
     vision = {k: v for k, v in tensors.items() if k.startswith("model.visual.")}
     names = {k: f"model-0000{1 if k in vision else 2}-of-00002.safetensors" for k in tensors}
-    (snapshot / weights.INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": names}))
+    index = json.dumps({"metadata": {}, "weight_map": names}).encode()
+    config = (path / "config.json").read_bytes()
+    snapshot = _cached(tmp_path / "hub", HUB_REPO, {"config.json": config, weights.INDEX_FILE: index})
     save_file(vision, snapshot / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
     assert weights.vision_shards(snapshot / weights.INDEX_FILE) == ["model-00001-of-00002.safetensors"]
-    (snapshot / "config.json").write_bytes((path / "config.json").read_bytes())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return snapshot
 
 
 def test_a_hub_id_loads_its_vision_shards_from_the_cache(full_model, hub_cache, tmp_path, capsys):
+    """A sharded full model (its vision shard only in the cache), and an unsharded one (one model.safetensors)."""
     cfg, _, path = full_model
     enc = vitjax.Encoder.from_pretrained(HUB_REPO, dtype="float32")
     assert enc.model_id == f"{hub_cache.resolve()}:float32"
@@ -430,24 +440,46 @@ def test_a_hub_id_loads_its_vision_shards_from_the_cache(full_model, hub_cache, 
         assert json.loads(f.metadata()["vitjax"])["model"] == str(hub_cache.resolve())
     assert cli_main(["convert", HUB_REPO, str(tmp_path / "conv"), "--quiet"]) == 0
     assert vitjax.Encoder.from_pretrained(tmp_path / "conv").cfg == cfg
+    single = {"config.json": (hub_cache / "config.json").read_bytes()}
+    single["model.safetensors"] = (hub_cache / "model-00001-of-00002.safetensors").read_bytes()
+    one_file = _cached(tmp_path / "hub", "vitjax-tests/one-file", single)
+    enc = vitjax.Encoder.from_pretrained("vitjax-tests/one-file", dtype="float32")
+    assert enc.model_id == f"{one_file.resolve()}:float32"
+    assert np.array_equal(_encode(enc, cfg)[1], _encode(vitjax.Encoder.from_pretrained(path, dtype="float32"), cfg)[1])
 
 
 def test_a_hub_id_the_hub_does_not_give_is_named(full_model, hub_cache, tmp_path, capsys, monkeypatch):
-    """Offline and not cached: an OSError naming the id, one usage line from the CLI (exit 2). A folder here of that
-    name is the model, as in transformers."""
-    missing = "vitjax-tests/not-cached"
-    refused = f"{missing}: not a folder here, and the Hugging Face Hub did not give it ("
-    with pytest.raises(OSError) as caught:
-        vitjax.Encoder.from_pretrained(missing)
-    assert str(caught.value).startswith(refused)
-    assert cli_main(["encode", str(PHOTOS[0]), "--model", missing, "-o", str(tmp_path / "x.safetensors")]) == 2
-    assert cli_main(["convert", missing, str(tmp_path / "conv")]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith(f"vitjax: error: --model {refused}")
-    assert lines[1].startswith(f"vitjax: error: convert {missing} {tmp_path / 'conv'}: {refused}")
-    assert not (tmp_path / "x.safetensors").exists() and not (tmp_path / "conv").exists()
+    """Offline and not cached (or cached in part): an OSError naming the id, one usage line from the CLI (exit 2); an
+    index the hub gave that is none is named too. A folder here of that name is the model, as in transformers, and a
+    path under a folder here is a path (no hub asked: it is not there)."""
+    refused = ": not a folder here, and the Hugging Face Hub did not give it ("
+    config = (hub_cache / "config.json").read_bytes()
+    _cached(tmp_path / "hub", "vitjax-tests/config-only", {"config.json": config})
+    for missing in ("vitjax-tests/not-cached", "vitjax-tests/config-only"):
+        with pytest.raises(OSError) as caught:
+            vitjax.Encoder.from_pretrained(missing)
+        assert str(caught.value).startswith(missing + refused)
+        assert cli_main(["encode", str(PHOTOS[0]), "--model", missing, "-o", str(tmp_path / "x.safetensors")]) == 2
+        assert cli_main(["convert", missing, str(tmp_path / "conv")]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 2 and lines[0].startswith(f"vitjax: error: --model {missing}{refused}")
+        assert lines[1].startswith(f"vitjax: error: convert {missing} {tmp_path / 'conv'}: {missing}{refused}")
+        assert not (tmp_path / "x.safetensors").exists() and not (tmp_path / "conv").exists()
+    # The checks before any weight: a model that is not Qwen3-VL's (its config cached, no weights) is named as such.
+    llama = json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}).encode()
+    _cached(tmp_path / "hub", "vitjax-tests/llama", {"config.json": llama})
+    assert cli_main(["convert", "vitjax-tests/llama", str(tmp_path / "conv")]) == 2
+    assert "model_type 'llama' is not a Qwen3-VL model" in capsys.readouterr().err
+    broken = {"config.json": config, weights.INDEX_FILE: b"{not json"}
+    index = _cached(tmp_path / "hub", "vitjax-tests/broken-index", broken) / weights.INDEX_FILE
+    assert cli_main(["encode", str(PHOTOS[0]), "--model", "vitjax-tests/broken-index", "-o", "x.safetensors"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"vitjax: error: --model vitjax-tests/broken-index: {index}: not a readable index (")
+    assert "Traceback" not in error and len(error.splitlines()) == 1
     monkeypatch.chdir(tmp_path)
     here = tmp_path / HUB_REPO
     here.parent.mkdir()
     here.symlink_to(full_model[2])
     assert vitjax.Encoder.from_pretrained(HUB_REPO).model_id == f"{full_model[2].resolve()}:bfloat16"
+    assert cli_main(["encode", str(PHOTOS[0]), "--model", "vitjax-tests/typo", "-o", "x.safetensors"]) == 2
+    assert "--model vitjax-tests/typo: no such directory" in capsys.readouterr().err

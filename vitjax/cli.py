@@ -112,7 +112,7 @@ def _config(args: argparse.Namespace) -> VisionConfig:
             raise UsageError(f"--random-init {args.random_init}: {e}") from e
         return VisionConfig.preset(args.random_init)
     try:
-        path = model_folder(args.model, config_only=True)
+        path = model_folder(args.model, config_only=True, progress=not args.quiet)
     except OSError as e:  # a hub id the hub did not give
         raise UsageError(f"--model {e}") from e
     if not path.is_dir():
@@ -360,9 +360,11 @@ def _run_encoder(
 
     parallel = {"devices": args.devices, "sequence_parallel": args.sequence_parallel, "buckets": policy}
     try:
-        folder = model_folder(args.model) if args.model else None  # a hub model's weights: fetched now
-    except OSError as e:
+        folder = model_folder(args.model, progress=not args.quiet) if args.model else None  # a hub model's weights
+    except OSError as e:  # the hub did not give them (the message names the model)
         raise UsageError(f"--model {e}") from e
+    except CheckpointError as e:  # it gave an index that is none
+        raise UsageError(f"--model {args.model}: {e}") from e
     try:
         if folder:
             enc = vitjax.Encoder.from_pretrained(folder, dtype=args.dtype, progress=not args.quiet, **parallel)
@@ -417,7 +419,7 @@ def _convert(args: argparse.Namespace) -> int:
     from vitjax.weights import convert
 
     try:
-        out = convert(model_folder(args.hf_dir), args.out_dir, progress=not args.quiet)
+        out = convert(args.hf_dir, args.out_dir, progress=not args.quiet)
     except (ValueError, OSError) as e:  # a CheckpointError, a config that is not Qwen3-VL's, a folder it cannot use
         raise UsageError(f"convert {args.hf_dir} {args.out_dir}: {e}") from e
     print(f"wrote {out}")
@@ -509,14 +511,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--video-min-pixels",
         type=int,
         default=VIDEO_MIN_PIXELS,
-        help="smallest resized area of a video, all frames together; each frame keeps at least 1.05x this "
+        help="smallest resized area of a video, all frames together; each frame's budget is at least 1.05x this "
         "(HF's per-frame cap; default: %(default)s)",
     )
     video.add_argument(
         "--video-max-pixels",
         type=int,
         default=VIDEO_MAX_PIXELS,
-        help="budget of a video's resized area, shared evenly by its frames, each frame at least 1.05 x "
+        help="budget of a video's resized area, shared evenly by its frames, each share at least 1.05x "
         "--video-min-pixels (HF's per-frame cap; default: %(default)s)",
     )
     enc.add_argument("--seed", type=_seed, default=0, help="seed for --random-init (default: %(default)s)")

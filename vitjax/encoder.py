@@ -165,9 +165,9 @@ class Encoder:
         `vitjax.hub`)."""
         dtype = tower_dtype(dtype)
         named_implementation(kw.get("attention"), dtype)  # a path the dtype rules out: refused before any read
-        cfg = VisionConfig.from_hf(hub.model_folder(path, config_only=True))  # config.json, in either kind of folder
+        cfg = VisionConfig.from_hf(hub.model_folder(path, True, progress))  # config.json, in either kind of folder
         _check_settings(cfg, dtype, kw)
-        path = hub.model_folder(path)  # a hub model's weights are fetched once its settings passed
+        path = hub.model_folder(path, progress=progress)  # a hub model's weights are fetched once its settings passed
         if weights.is_orbax(path):
             cfg, params = weights.load_orbax(path)
         else:

@@ -118,7 +118,7 @@ class EncodeSettings:
             raise SettingError(
                 "video_min_pixels",
                 self.video_min_pixels,
-                f"a clip of {MAX_FRAMES} frames keeps at least {int(self.video_min_pixels * 1.05)} pixels a frame: "
+                f"a clip of {MAX_FRAMES} frames gets a budget of {int(self.video_min_pixels * 1.05)} pixels a frame: "
                 f"{clip / 2**30:.1f} GiB of pixel rows, more than this machine's {memory / 2**30:.1f} GiB of memory",
             )
         return replace(self, batch_tokens=batch_tokens)

@@ -365,9 +365,12 @@ def _uninterrupted(work: Callable[[], Any]) -> Any:
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
-    """HF directory -> converted orbax directory (the vision tower only), written whole or not at all: into a
-    new folder beside `out_dir`, renamed into place once complete (replacing an earlier conversion there)."""
-    source, out = Path(hf_dir).absolute(), Path(out_dir).absolute()
+    """HF directory (or hub id, `vitjax.hub`) -> converted orbax directory (the vision tower only), written whole or
+    not at all: into a new folder beside `out_dir`, renamed into place once complete (replacing an earlier conversion
+    there). A hub model's weights are fetched once its config and `out_dir` passed the checks."""
+    from vitjax import hub  # it reads this module's index rule
+
+    source, out = hub.model_folder(hf_dir, True, progress).absolute(), Path(out_dir).absolute()
     if out.is_symlink():  # the conversion replaces the link's target, and the link stays
         out = out.resolve()
     if not source.is_dir():
@@ -385,7 +388,7 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     staging, old = out.parent / f".vitjax-convert-{tag}.partial", out.parent / f".vitjax-convert-{tag}.old"
     staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
     try:
-        params = load_hf(source, cfg, progress=progress)
+        params = load_hf(hub.model_folder(hf_dir, progress=progress).absolute(), cfg, progress=progress)
         _uninterrupted(lambda: save_orbax(staging, cfg, params))
         try:  # the earlier conversion (or an empty folder) goes only once the new one is in place
             if out.exists():
