@@ -6,6 +6,7 @@ only config.json, the index and the shards that hold vision tensors are fetched;
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,12 +58,15 @@ def model_folder(source: str | Path, config_only: bool = False, progress: bool =
 
 
 def _http_errors() -> tuple[type[Exception], ...]:
-    """What huggingface_hub lets through of its HTTP client's errors (httpx's, from 1.0; before, requests' OSErrors)."""
-    try:
-        import httpx
-    except ImportError:
-        return ()
-    return (httpx.HTTPError,)
+    """What huggingface_hub lets through of its HTTP client's errors: httpx's from 1.0, httpx2's from 2.0 (before,
+    requests' OSErrors)."""
+    found = []
+    for client in ("httpx", "httpx2"):
+        try:
+            found.append(importlib.import_module(client).HTTPError)
+        except ImportError:
+            continue
+    return tuple(found)
 
 
 @contextlib.contextmanager
