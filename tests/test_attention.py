@@ -51,6 +51,27 @@ def test_reference_keeps_a_non_finite_value_in_its_own_segment():
     assert np.array_equal(~np.isfinite(padded[real]), expected[real])
 
 
+@pytest.mark.parametrize("block, chunk", [(16, 8), (8, 24), (128, 128)])
+def test_reference_scores_each_block_against_its_own_frames(block, chunk):
+    """XLA's path runs a block of queries at a time against the chunks of keys its frames span, the softmax carried
+    over chunks: the attention of each frame alone (jax.nn's over the padded batch), wherever frames start and end
+    against blocks and chunks; a NaN in v stays in its frame; padding rows are zeros."""
+    grids = [(1, 2, 4), (1, 4, 6), (2, 2, 4), (1, 6, 6), (1, 2, 2)]  # frames of 8, 24, 8, 8, 36, 4 tokens
+    packed = layout.pack(grids, 128, 8)
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((128, 2, 72), np.float32) for _ in range(3))
+    v[42, 1, 3] = np.nan  # the fourth frame (tokens 40-47), head 1
+    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=36)
+    got = np.asarray(attention._reference(*map(jnp.asarray, (q, k, v)), seg, block, chunk))
+    want = np.asarray(attention.padded_batch(*map(jnp.asarray, (q, k, v)), seg, "xla"))
+    frame, real = packed.segment_ids, packed.segment_ids >= 0
+    poisoned = np.zeros(got.shape, bool)
+    poisoned[frame == frame[42], 1, 3] = True
+    assert np.array_equal(~np.isfinite(got), poisoned)
+    np.testing.assert_allclose(got[real & ~poisoned.any((1, 2))], want[real & ~poisoned.any((1, 2))], atol=2e-6)
+    assert np.all(got[~real] == 0)
+
+
 def test_default_implementation(monkeypatch):
     monkeypatch.delenv(attention.ENV_VAR, raising=False)
     assert attention.default_implementation() == "reference"  # CPU

@@ -13,7 +13,8 @@ unspecified (the cuDNN paths leave them unwritten) and are dropped by the caller
   import is guarded and pinned to the JAX versions it was verified on.
 - `cudnn_padded`: the public `jax.nn.dot_product_attention(implementation="cudnn")` over segments
   gathered into a padded batch `[M, L, heads, head_dim]` with per-row lengths, scattered back after.
-- `reference`: portable XLA (CPU, tests): fp32 scores with a segment mask, a block of queries at a time.
+- `reference`: portable XLA (CPU, tests, float32 towers): fp32 scores, each block of queries against the keys of
+  its own frames.
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ def attention(
     if impl == "cudnn_padded":
         return padded_batch(q, k, v, segments, "cudnn")
     if impl == "reference":
-        return _reference(q, k, v, segments.ids)
+        return _reference(q, k, v, segments)
     raise ValueError(f"unknown attention implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
 
 
@@ -311,34 +312,58 @@ def padded_batch(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, i
     return jnp.take(out.reshape(-1, *v.shape[1:]), back, axis=0, mode="fill", fill_value=0)
 
 
-def _reference(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, block: int = 256) -> jax.Array:
-    """Portable XLA version: fp32 scores and softmax, one block of queries at a time to bound memory.
+def _reference(
+    q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments, block: int = 512, chunk: int = 1024
+) -> jax.Array:
+    """Portable XLA version: fp32 scores, a block of queries at a time against the keys of its own frames only,
+    a chunk of keys at a time with the softmax carried over chunks as the flash kernels carry it. Scoring every key
+    of the call instead would cost a call of many small frames its length squared (`bench/NOTES.md`).
 
-    A non-finite value of v stays in its own segment, as in the kernels and HF's per-frame attention: P.V
-    runs on v with it zeroed (a masked key's probability is 0, and 0 x NaN would reach every query), and the
-    output is NaN where a key of the query's own segment had one.
+    A non-finite value of v stays in its own segment, as in the kernels and HF's per-frame attention: P.V runs on v
+    with it zeroed, and the output is NaN where a key of the query's own segment had one. Padding rows get zeros.
     """
     tokens, heads, dim = q.shape
-    block = min(block, tokens)
-    padded = -(-tokens // block) * block
-    qb = jnp.pad(q, ((0, padded - tokens), (0, 0), (0, 0))).reshape(-1, block, heads, dim)
-    ib = jnp.pad(ids, (0, padded - tokens), constant_values=-2).reshape(-1, block)
-    precision = jax.lax.Precision.HIGHEST
+    block, chunk = min(block, tokens), min(chunk, tokens)
+    blocks, chunks = -(-tokens // block), -(-tokens // chunk)
+    ids = segments.ids
+
+    def rows(x: jax.Array, n: int, fill: int = 0) -> jax.Array:
+        return jnp.pad(x, ((0, n - tokens),) + ((0, 0),) * (x.ndim - 1), constant_values=fill)
+
+    qb = rows(q, blocks * block).reshape(blocks, block, heads, dim)
+    ib = rows(ids, blocks * block, -1).reshape(blocks, block)
     bad = ~jnp.isfinite(v)
-    v_finite, any_bad = jnp.where(bad, 0, v), bad.any()
+    kc, vc, ic = rows(k, chunks * chunk), rows(jnp.where(bad, 0, v), chunks * chunk), rows(ids, chunks * chunk, -1)
+    ends = segments.starts + segments.lengths
+    precision = jax.lax.Precision.HIGHEST
 
     def one_block(args: tuple[jax.Array, jax.Array]) -> jax.Array:
         qi, si = args
-        same = si[:, None] == ids[None, :]
-        scores = jnp.einsum("qhd,khd->hqk", qi, k, preferred_element_type=jnp.float32, precision=precision)
-        scores = jnp.where(same[None], scores * dim**-0.5, -1e30)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("hqk,khd->qhd", probs, v_finite, preferred_element_type=jnp.float32, precision=precision)
+        real = si >= 0
+        seg = jnp.maximum(si, 0)
+        first = jnp.min(jnp.where(real, segments.starts[seg], tokens)) // chunk
+        last = -(-jnp.max(jnp.where(real, ends[seg], 0)) // chunk)
 
-        def poison(out: jax.Array) -> jax.Array:
-            hit = jnp.einsum("qk,khd->qhd", same.astype(jnp.float32), bad.astype(jnp.float32)) > 0
-            return jnp.where(hit, jnp.nan, out)
+        def step(carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            c, top, total, acc = carry
+            kj, vj, ij = (jax.lax.dynamic_slice_in_dim(x, c * chunk, chunk) for x in (kc, vc, ic))
+            same = (real[:, None] & (si[:, None] == ij[None, :]))[None]
+            s = jnp.einsum("qhd,khd->hqk", qi, kj, preferred_element_type=jnp.float32, precision=precision)
+            s = jnp.where(same, s * dim**-0.5, -jnp.inf)
+            new_top = jnp.maximum(top, s.max(-1))
+            p = jnp.exp(s - new_top[..., None])  # 0 where masked: new_top is finite
+            keep = jnp.exp(top - new_top)
+            pv = jnp.einsum(
+                "hqk,khd->hqd", p.astype(v.dtype), vj, preferred_element_type=jnp.float32, precision=precision
+            )
+            return c + 1, new_top, total * keep + p.sum(-1), acc * keep[..., None] + pv
 
-        return jax.lax.cond(any_bad, poison, lambda out: out, out).astype(q.dtype)
+        acc = jnp.zeros_like(qi, jnp.float32).transpose(1, 0, 2)  # like qi, so as varying as it inside shard_map
+        start = (first, acc[..., 0] - 1e30, acc[..., 0], acc)
+        _, _, total, acc = jax.lax.while_loop(lambda carry: carry[0] < last, step, start)
+        return (acc / jnp.where(total > 0, total, 1)[..., None]).transpose(1, 0, 2)
 
-    return jax.lax.map(one_block, (qb, ib)).reshape(padded, heads, v.shape[-1])[:tokens]
+    out = jax.lax.map(one_block, (qb, ib)).reshape(blocks * block, heads, v.shape[-1])[:tokens]
+    poisoned = jax.ops.segment_max(bad.astype(jnp.int8), ids, num_segments=segments.starts.shape[0]) > 0
+    hit = (ids >= 0)[:, None, None] & poisoned[jnp.maximum(ids, 0)]
+    return jnp.where(hit, jnp.nan, out).astype(q.dtype)
