@@ -332,6 +332,28 @@ def test_an_image_another_thread_is_encoding_is_waited_for(enc):
     assert enc.cache.claim(other) is None  # abandoned: the next caller computes it
 
 
+def test_an_interrupt_as_a_claim_is_taken_leaves_no_claim(enc, monkeypatch):
+    """Ctrl-C landing as the cache hands an encode an image's claim, before the encode's own code runs again, still
+    gives the claim up: a later caller computes the image instead of waiting on it forever."""
+    path = str(PHOTOS[3])
+    with Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32) as pipe:
+        (item,) = pipe.prepare([(path, path)])
+        key = (enc.model_id, *pipe.cache_key(item))
+    claim = enc.cache.claim
+
+    def interrupted(*args):
+        if claim(*args) is None:
+            raise KeyboardInterrupt
+        raise AssertionError("the image was not claimed")
+
+    monkeypatch.setattr(enc.cache, "claim", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        enc.encode([path], max_pixels=MAX_PIXELS)
+    monkeypatch.undo()
+    assert enc.cache.claim(key) is None  # not a Future of a claim nobody holds
+    enc.cache.abandon(key, RuntimeError("test over"))
+
+
 def test_a_failed_call_leaves_no_claim_and_costs_a_waiter_only_that_image(checkpoint, monkeypatch):
     """A call that fails after its tower ran (here: storing into the cache runs out of memory) gives up its claims,
     so a later encode of the image does not wait forever; and a caller waiting on an image whose call failed gets

@@ -71,9 +71,10 @@ class EmbeddingCache:
             self._stats.hits += 1
             return item[0]
 
-    def claim(self, key: Hashable) -> Any | Future | None:
+    def claim(self, key: Hashable, mine: set | None = None) -> Any | Future | None:
         """The cached value (a hit); else a `Future` of it when another caller is computing it (also a hit); else
-        None: the key is now the caller's to compute, and it must `put` it or `abandon` it."""
+        None: the key is now the caller's to compute, and it must `put` it or `abandon` it. A claimed key joins `mine`
+        before it is pending, so a caller interrupted anywhere (Ctrl-C) knows every key it must abandon."""
         with self._lock:
             item = self._items.get(key)
             if item is not None:
@@ -84,6 +85,8 @@ class EmbeddingCache:
                 self._stats.hits += 1
                 return self._pending[key]
             self._stats.misses += 1
+            if mine is not None:
+                mine.add(key)
             self._pending[key] = Future()
             return None
 

@@ -309,11 +309,10 @@ class Encoder:
                     if key is None or key in found:
                         advance()
                         continue
-                    found[key] = self.cache.claim(key)
+                    found[key] = self.cache.claim(key, claimed)
                     if found[key] is not None:  # cached, or another thread is encoding it
                         advance()
                         continue
-                    claimed.add(key)
                     host = pipe.host(item)
                     if host in open_batches and not open_batches[host].fits(item):
                         self._dispatch(pipe, open_batches.pop(host), (found, settled), dispatcher, in_flight)
