@@ -266,7 +266,7 @@ KINDS = [
     "webp_rgba",
     "bmp",
     "tiff",
-    "avif",
+    pytest.param("avif", marks=pytest.mark.skipif(".avif" not in Image.registered_extensions(), reason="no AVIF here")),
 ]
 TRANSPARENT = {"png_la", "png_rgba", "png_palette", "gif", "webp_rgba"}
 
