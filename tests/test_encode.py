@@ -67,6 +67,24 @@ def test_encode_equals_encode_patches_on_hf_pixels(enc):
             np.testing.assert_allclose(deep[k], ref[:, width * (k + 1) : width * (k + 2)], rtol=1e-5, atol=1e-5)
 
 
+def test_a_caller_may_rewrite_its_pixel_array_once_encode_patches_returns(enc):
+    """The tower must not read the caller's array after `encode_patches` returns: JAX's CPU arrays alias a host array
+    where it is 64-byte aligned (so the engine copies its rows there), and a GPU's copy finishes after `device_put`
+    returns (so the engine waits for it). Here the array is aligned, as an allocator may well give it."""
+    grid = np.array([[1, 64, 64]])
+    rows = np.random.default_rng(3).standard_normal((4096, enc.cfg.patch_dim)).astype(np.float32)
+    want = [np.asarray(out) for out in enc.encode_patches(rows.copy(), grid)]
+    memory = np.empty(rows.size + 16, np.float32)
+    skip = (-memory.ctypes.data % 64) // 4
+    reused = memory[skip : skip + rows.size].reshape(rows.shape)
+    for _ in range(3):
+        reused[:] = rows
+        outs = enc.encode_patches(reused, grid)
+        reused[:] = 0
+        for got, expected in zip(outs, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(got), expected)
+
+
 def test_bfloat16_encode_equals_encode_patches_on_hf_pixels(checkpoint):
     """A bf16 tower gets bf16 pixel rows from `encode` (half the bytes): HF's fp32 rows rounded once, as a
     bf16 tower rounds them anyway, and close to what the fp32 rows give (another executable, other fusions)."""

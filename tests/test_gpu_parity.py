@@ -197,6 +197,23 @@ def test_fitted_bucket_matches_hf(towers):
             assert cos > 0.995 and mae <= 1.5 * hf_mae, (name, i, cos, mae, hf_mae)
 
 
+def test_a_caller_may_rewrite_its_pixel_array_once_encode_patches_returns(towers):
+    """A GPU's copy of host rows finishes after `device_put` returns, so `encode_patches` waits for it: rows the caller
+    writes into its array next are not the ones encoded. One 4096 x 4096 photo (65,536 rows, 403 MB of float32); its
+    last rows, which the copy reaches last, are rewritten first."""
+    cfg, _, _, encoders = towers
+    enc = encoders[attention.default_implementation()]
+    grid = np.array([(1, 256, 256)])
+    rows = np.random.default_rng(4).standard_normal((65536, cfg.patch_dim), dtype=np.float32)
+    want = np.asarray(enc.encode_patches(rows.copy(), grid)[0], np.float32)
+    for _ in range(3):
+        reused = rows.copy()
+        out = enc.encode_patches(reused, grid)
+        reused[-4096:] = 0
+        got = np.asarray(out[0], np.float32)
+        assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), np.abs(got - want).max()
+
+
 def test_two_gpus_hold_their_images(towers):
     encoders = towers[3]
     if "2 GPUs" not in encoders:

@@ -502,7 +502,7 @@ class Engine:
 
     def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
         """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
-        rows start at `first_row` of `pixel_values`."""
+        rows start at `first_row` of `pixel_values`; a host array is free for the caller to reuse on return."""
         if isinstance(pixel_values, jax.Array) and (
             len(self.devices) > 1 or np.dtype(pixel_values.dtype) not in PIXEL_DTYPES
         ):  # split over the group on the host, or made float32 there (once a request), like any host pixels
@@ -511,7 +511,7 @@ class Engine:
             pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
         elif pixel_values.devices() != {self.devices[0]}:  # elsewhere, or spread over several devices
             pixel_values = jax.device_put(pixel_values, self.devices[0])
-        calls, wanted = [], []
+        calls, wanted, sent = [], [], []  # sent: each call's pixel chunks, copied from the caller's host array
         row, dtype = first_row, _pixel_dtype(pixel_values)
         for ladder_bucket, images in self.policy.plan(grids, padded=self.impl == "cudnn_padded"):
             call_grids = [grids[i] for i in images]
@@ -519,7 +519,10 @@ class Engine:
             key, fitted = self._fit(ladder_bucket, rows, dtype, max(g[1] * g[2] for g in call_grids), wanted)
             bucket = key[0]
             exe = fitted or self.executable(*key)
-            output = exe(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
+            args = self._inputs(pixel_values, row, rows, call_grids, bucket)
+            output = exe(self._state, *args)
+            if not isinstance(pixel_values, jax.Array):
+                sent.append(args[0])
             if self._mesh is not None:  # replicated: keep the first device's copy
                 output = next(s.data for s in output.addressable_shards if s.device == self.devices[0])
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit), bucket))
@@ -541,6 +544,9 @@ class Engine:
                             self._fitting[key] = _FITTER.submit(self._compile_beside_calls, *key)
                         except RuntimeError:  # the process is exiting: the call is served, its size is not fitted
                             break
+        # `device_put` copies a host array to a GPU after it returns: a caller that rewrote its array once this returned
+        # could have had the new rows encoded. So this waits for those copies (not for the tower).
+        jax.block_until_ready(sent)
         return calls
 
     def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
@@ -576,11 +582,12 @@ class Engine:
                 return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
             pixels = np.asarray(pixels)  # shorter than one chunk (at most 2048 rows): through the host
         dtype = _pixel_dtype(pixels)
-        pieces = []  # host views of the request (the last partial chunk copied), or None for all padding
+        own = self.devices[0].platform == "cpu"  # JAX's CPU arrays alias a host array's memory where it is aligned
+        pieces = []  # host views of the request (on the CPU copies; the last partial chunk copied), None: padding
         for start in range(row, row + tokens, chunk):
             end = min(start + chunk, row + rows)
             if end - start == chunk:
-                pieces.append(pixels[start:end])
+                pieces.append(pixels[start:end].copy() if own else pixels[start:end])
             elif end > start:
                 part = np.zeros((chunk, pixels.shape[1]), dtype)
                 part[: end - start] = pixels[start:end]
