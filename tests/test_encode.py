@@ -69,8 +69,8 @@ def test_encode_equals_encode_patches_on_hf_pixels(enc):
 
 def test_a_caller_may_rewrite_its_pixel_array_once_encode_patches_returns(enc):
     """The tower must not read the caller's array after `encode_patches` returns: JAX's CPU arrays alias a host array
-    where it is 64-byte aligned (so the engine copies its rows there), and a GPU's copy finishes after `device_put`
-    returns (so the engine waits for it). Here the array is aligned, as an allocator may well give it."""
+    where it is 64-byte aligned, so the engine copies its rows there. Here the array is aligned, as an allocator may
+    well give it (tests/test_gpu_parity.py holds a GPU to the same)."""
     grid = np.array([[1, 64, 64]])
     rows = np.random.default_rng(3).standard_normal((4096, enc.cfg.patch_dim)).astype(np.float32)
     want = [np.asarray(out) for out in enc.encode_patches(rows.copy(), grid)]

@@ -198,9 +198,10 @@ def test_fitted_bucket_matches_hf(towers):
 
 
 def test_a_caller_may_rewrite_its_pixel_array_once_encode_patches_returns(towers):
-    """A GPU's copy of host rows finishes after `device_put` returns, so `encode_patches` waits for it: rows the caller
-    writes into its array next are not the ones encoded. One 4096 x 4096 photo (65,536 rows, 403 MB of float32); its
-    last rows, which the copy reaches last, are rewritten first."""
+    """Rows the caller writes into its array once `encode_patches` returns are not the ones encoded: a GPU's
+    `device_put` has read a host array by the time it returns (JAX 0.11.2 on an H100; the CPU engine copies its rows
+    for this, tests/test_encode.py). One 4096 x 4096 photo (65,536 rows, 403 MB of float32); its last rows, which a
+    copy still under way would reach last, are rewritten first."""
     cfg, _, _, encoders = towers
     enc = encoders[attention.default_implementation()]
     grid = np.array([(1, 256, 256)])

@@ -511,7 +511,7 @@ class Engine:
             pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
         elif pixel_values.devices() != {self.devices[0]}:  # elsewhere, or spread over several devices
             pixel_values = jax.device_put(pixel_values, self.devices[0])
-        calls, wanted, sent = [], [], []  # sent: each call's pixel chunks, copied from the caller's host array
+        calls, wanted = [], []
         row, dtype = first_row, _pixel_dtype(pixel_values)
         for ladder_bucket, images in self.policy.plan(grids, padded=self.impl == "cudnn_padded"):
             call_grids = [grids[i] for i in images]
@@ -519,10 +519,7 @@ class Engine:
             key, fitted = self._fit(ladder_bucket, rows, dtype, max(g[1] * g[2] for g in call_grids), wanted)
             bucket = key[0]
             exe = fitted or self.executable(*key)
-            args = self._inputs(pixel_values, row, rows, call_grids, bucket)
-            output = exe(self._state, *args)
-            if not isinstance(pixel_values, jax.Array):
-                sent.append(args[0])
+            output = exe(self._state, *self._inputs(pixel_values, row, rows, call_grids, bucket))
             if self._mesh is not None:  # replicated: keep the first device's copy
                 output = next(s.data for s in output.addressable_shards if s.device == self.devices[0])
             calls.append(Call(output, images, layout.split_points(call_grids, self.cfg.merge_unit), bucket))
@@ -544,9 +541,6 @@ class Engine:
                             self._fitting[key] = _FITTER.submit(self._compile_beside_calls, *key)
                         except RuntimeError:  # the process is exiting: the call is served, its size is not fitted
                             break
-        # `device_put` copies a host array to a GPU after it returns: a caller that rewrote its array once this returned
-        # could have had the new rows encoded. So this waits for those copies (not for the tower).
-        jax.block_until_ready(sent)
         return calls
 
     def _compile_beside_calls(self, bucket: Bucket, pixel_dtype: np.dtype, max_length: int) -> jax.stages.Compiled:
@@ -582,7 +576,10 @@ class Engine:
                 return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
             pixels = np.asarray(pixels)  # shorter than one chunk (at most 2048 rows): through the host
         dtype = _pixel_dtype(pixels)
-        own = self.devices[0].platform == "cpu"  # JAX's CPU arrays alias a host array's memory where it is aligned
+        # JAX's CPU arrays alias a host array's memory where it is 64-byte aligned, and the tower reads it later: the
+        # rows are copied, so the caller may rewrite its array once `run` returns (a GPU's `device_put` has read it by
+        # then, bench/NOTES.md).
+        own = self.devices[0].platform == "cpu"
         pieces = []  # host views of the request (on the CPU copies; the last partial chunk copied), None: padding
         for start in range(row, row + tokens, chunk):
             end = min(start + chunk, row + rows)
