@@ -71,10 +71,11 @@ class EmbeddingCache:
             self._stats.hits += 1
             return item[0]
 
-    def claim(self, key: Hashable, mine: set | None = None) -> Any | Future | None:
+    def claim(self, key: Hashable, mine: dict | None = None) -> Any | Future | None:
         """The cached value (a hit); else a `Future` of it when another caller is computing it (also a hit); else
         None: the key is now the caller's to compute, and it must `put` it or `abandon` it. A claimed key joins `mine`
-        before it is pending, so a caller interrupted anywhere (Ctrl-C) knows every key it must abandon."""
+        with its claim's `Future` before it is pending, so a caller interrupted anywhere (Ctrl-C) can abandon every
+        claim it holds, and only those (`abandon`'s `claim`)."""
         with self._lock:
             item = self._items.get(key)
             if item is not None:
@@ -85,17 +86,21 @@ class EmbeddingCache:
                 self._stats.hits += 1
                 return self._pending[key]
             self._stats.misses += 1
+            claim = Future()
             if mine is not None:
-                mine.add(key)
-            self._pending[key] = Future()
+                mine[key] = claim
+            self._pending[key] = claim
             return None
 
-    def abandon(self, key: Hashable, error: BaseException) -> None:
-        """Give up a claimed key: whoever waits on it gets `error` raised."""
+    def abandon(self, key: Hashable, error: BaseException, claim: Future | None = None) -> None:
+        """Give up a claimed key: whoever waits on it gets `error` raised. With `claim` (from `claim`'s `mine`), only
+        while that claim is the key's pending one: one the caller settled may since be another caller's."""
         with self._lock:
-            pending = self._pending.pop(key, None)
-        if pending is not None:
-            pending.set_exception(error)
+            pending = self._pending.get(key)
+            if pending is None or claim not in (None, pending):
+                return
+            del self._pending[key]
+        pending.set_exception(error)
 
     def put(self, key: Hashable, value: Any) -> None:
         """Store `value` (unless it alone is over the budget) and hand it to whoever waits on the key."""

@@ -284,8 +284,7 @@ class Encoder:
         budget = settings.batch_tokens * len(self.parallel.engines)
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
         found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key
-        claimed: set[tuple] = set()  # cache keys this call must put or abandon
-        settled: set[tuple] = set()  # of those, the ones its calls put or abandoned (the dispatch thread adds them)
+        claimed: dict[tuple, Future] = {}  # cache keys this call must put or abandon, and their claims
         given = isinstance(progress, tqdm.tqdm)  # any tqdm bar: tqdm.auto's and notebook bars are subclasses
         shown = {"total": len(items), "desc": "encoding", "unit": "input", "disable": not progress}
         bar = progress if given else tqdm.auto.tqdm(**shown)
@@ -315,21 +314,22 @@ class Encoder:
                         continue
                     host = pipe.host(item)
                     if host in open_batches and not open_batches[host].fits(item):
-                        self._dispatch(pipe, open_batches.pop(host), (found, settled), dispatcher, in_flight)
+                        self._dispatch(pipe, open_batches.pop(host), found, dispatcher, in_flight)
                     if host not in open_batches:
                         open_batches[host] = pipe.batch(max(budget, item.tokens), host)
                     open_batches[host].add(item, advance)
                     del item  # its decoded image goes once its rows are made
                 for batch in open_batches.values():
-                    self._dispatch(pipe, batch, (found, settled), dispatcher, in_flight)
+                    self._dispatch(pipe, batch, found, dispatcher, in_flight)
                 while in_flight:
                     jax.block_until_ready(in_flight.popleft().result())
             except BaseException as e:
                 # The dispatch thread stops first (a call it has begun ends, queued ones are dropped): then no key is
-                # settled under us, and one it settled, which another caller may have claimed again since, is left.
+                # settled under us. Claims still pending are given up (whoever waits on them must not wait forever);
+                # a key this call settled, which another caller may have claimed again since, is left to that caller.
                 dispatcher.shutdown(wait=True, cancel_futures=True)
-                for key in claimed - settled:  # whoever waits on these must not wait forever
-                    self.cache.abandon(key, RuntimeError(f"the encode computing this image failed: {e!r}"))
+                for key, claim in claimed.items():
+                    self.cache.abandon(key, RuntimeError(f"the encode computing this image failed: {e!r}"), claim)
                 raise
             keys = [None if isinstance(e, ImageInputError) else (self.model_id, *pipe.cache_key(e)) for e in outcome]
         results: list[Encoded | ImageInputError] = []
@@ -372,17 +372,17 @@ class Encoder:
             return self._dali
 
     def _dispatch(
-        self, pipe: Pipeline, batch: Batch, keys: tuple[dict, set], dispatcher: ThreadPoolExecutor, in_flight: deque
+        self, pipe: Pipeline, batch: Batch, found: dict, dispatcher: ThreadPoolExecutor, in_flight: deque
     ) -> None:
         """The batch's call, given to the dispatch thread (`_call`). With two calls in flight, the older one is waited
         for first (its error raised here), so queued calls cannot pile up host buffers or device work."""
         if len(in_flight) >= 2:
             jax.block_until_ready(in_flight.popleft().result())
-        in_flight.append(dispatcher.submit(self._call, pipe, batch, *keys))
+        in_flight.append(dispatcher.submit(self._call, pipe, batch, found))
 
-    def _call(self, pipe: Pipeline, batch: Batch, found: dict, settled: set) -> list[jax.Array]:
+    def _call(self, pipe: Pipeline, batch: Batch, found: dict) -> list[jax.Array]:
         """One `encode_patches` on the batch's rows once they are filled (asynchronous where the call's program
-        allows); its results go to `found` (keys the caller put there) and the cache, each key then to `settled`."""
+        allows); its results go to `found` (keys the caller put there) and the cache."""
         pixels, failed = batch.finish()
         outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]))
         self.images_encoded += len(batch.items)
@@ -398,7 +398,6 @@ class Encoder:
                 stored = out.nbytes <= self.cache.max_bytes
                 kept = jax.device_put(out, out.sharding, may_alias=False) if stored else out
                 self.cache.put(key, (item.grid, kept))
-            settled.add(key)
         return outs
 
 
