@@ -43,7 +43,11 @@ CONFIG = vitjax.VisionConfig(2, 144, 2, 80, 48, (0,))  # bench_vit's smoke tower
 # (name, grids): frames of 96 to 238 patches, as small photos give at HF's default pixel budget floor and up
 SMALL = [(1, 8 + 2 * (i % 4), 12 + 2 * (i % 5)) for i in range(300)]
 TOWER = [("300 small images", SMALL), ("1 image of 64x64 patches", [(1, 64, 64)])]
-ALONE = [("1 frame of 4096", [(1, 64, 64)], 4096), ("64 frames of 240", [(1, 12, 20)] * 64, 16384)]
+ALONE = [
+    ("1 frame of 1536", [(1, 32, 48)], 1536),
+    ("1 frame of 4096", [(1, 64, 64)], 4096),
+    ("64 frames of 240", [(1, 12, 20)] * 64, 16384),
+]
 
 
 def previous_reference(rev: str):

@@ -61,7 +61,7 @@ def test_reference_scores_each_block_against_its_own_frames(block, chunk):
     rng = np.random.default_rng(9)
     q, k, v = (rng.standard_normal((128, 2, 72), np.float32) for _ in range(3))
     v[42, 1, 3] = np.nan  # the fourth frame (tokens 40-47), head 1
-    seg = attention.Segments(*(jnp.asarray(a) for a in packed[3:]), max_length=36)
+    seg = _segments(packed)
     got = np.asarray(attention._reference(*map(jnp.asarray, (q, k, v)), seg, block, chunk))
     want = np.asarray(attention.padded_batch(*map(jnp.asarray, (q, k, v)), seg, "xla"))
     frame, real = packed.segment_ids, packed.segment_ids >= 0

@@ -323,8 +323,8 @@ def _reference(
     with it zeroed, and the output is NaN where a key of the query's own segment had one. Padding rows get zeros.
     """
     tokens, heads, dim = q.shape
-    block, chunk = min(block, tokens), min(chunk, tokens)
     blocks, chunks = -(-tokens // block), -(-tokens // chunk)
+    block, chunk = -(-tokens // blocks), -(-tokens // chunks)  # evened out: 1,536 tokens are 2 chunks of 768, not 1,024
     ids = segments.ids
 
     def rows(x: jax.Array, n: int, fill: int = 0) -> jax.Array:
@@ -351,15 +351,17 @@ def _reference(
             s = jnp.einsum("qhd,khd->hqk", qi, kj, preferred_element_type=jnp.float32, precision=precision)
             s = jnp.where(same, s * dim**-0.5, -jnp.inf)
             new_top = jnp.maximum(top, s.max(-1))
-            p = jnp.exp(s - new_top[..., None])  # 0 where masked: new_top is finite
-            keep = jnp.exp(top - new_top)
+            shift = jnp.where(new_top == -jnp.inf, 0, new_top)[..., None]  # no key of the row yet: p and keep are 0
+            p = jnp.exp(s - shift)
+            keep = jnp.exp(top[..., None] - shift)[..., 0]
             pv = jnp.einsum(
                 "hqk,khd->hqd", p.astype(v.dtype), vj, preferred_element_type=jnp.float32, precision=precision
             )
             return c + 1, new_top, total * keep + p.sum(-1), acc * keep[..., None] + pv
 
-        acc = jnp.zeros_like(qi, jnp.float32).transpose(1, 0, 2)  # like qi, so as varying as it inside shard_map
-        start = (first, acc[..., 0] - 1e30, acc[..., 0], acc)
+        zeros = jnp.zeros_like(qi[..., 0], jnp.float32).T  # like qi, so as varying as it inside shard_map
+        acc = jnp.broadcast_to(zeros[..., None], (heads, block, v.shape[-1]))
+        start = (first, zeros - jnp.inf, zeros, acc)
         _, _, total, acc = jax.lax.while_loop(lambda carry: carry[0] < last, step, start)
         return (acc / jnp.where(total > 0, total, 1)[..., None]).transpose(1, 0, 2)
 
