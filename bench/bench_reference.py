@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--previous", default=PREVIOUS, help="the git revision whose reference path is the baseline")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--parts", default="attention,tower", help="which parts to run, comma-separated")
     args = ap.parse_args()
     meta = {**versions(), "script": "bench_reference", "previous": args.previous}
     out_file = results_file(args.out, meta)
@@ -153,8 +154,11 @@ def main() -> None:
             f.write(line + "\n")
 
     previous = previous_reference(args.previous)
-    attention_alone(emit, previous, args.reps)
-    towers(emit, previous, args.reps)
+    parts = args.parts.split(",")
+    if "attention" in parts:
+        attention_alone(emit, previous, args.reps)
+    if "tower" in parts:
+        towers(emit, previous, args.reps)
 
 
 if __name__ == "__main__":

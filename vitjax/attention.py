@@ -323,8 +323,9 @@ def _reference(
     with it zeroed, and the output is NaN where a key of the query's own segment had one. Padding rows get zeros.
     """
     tokens, heads, dim = q.shape
-    blocks, chunks = -(-tokens // block), -(-tokens // chunk)
-    block, chunk = -(-tokens // blocks), -(-tokens // chunks)  # evened out: 1,536 tokens are 2 chunks of 768, not 1,024
+    blocks = -(-tokens // block)
+    chunks = 1 if tokens <= 2 * chunk else -(-tokens // chunk)  # a small call is one chunk: no loop to compile
+    block, chunk = -(-tokens // blocks), -(-tokens // chunks)  # evened out: 2,560 tokens are 3 chunks of 854
     ids = segments.ids
 
     def rows(x: jax.Array, n: int, fill: int = 0) -> jax.Array:
@@ -362,7 +363,10 @@ def _reference(
         zeros = jnp.zeros_like(qi[..., 0], jnp.float32).T  # like qi, so as varying as it inside shard_map
         acc = jnp.broadcast_to(zeros[..., None], (heads, block, v.shape[-1]))
         start = (first, zeros - jnp.inf, zeros, acc)
-        _, _, total, acc = jax.lax.while_loop(lambda carry: carry[0] < last, step, start)
+        if chunks == 1:  # every key at once, as a block of padding alone gets zeros either way
+            _, _, total, acc = step((0, *start[1:]))
+        else:
+            _, _, total, acc = jax.lax.while_loop(lambda carry: carry[0] < last, step, start)
         return (acc / jnp.where(total > 0, total, 1)[..., None]).transpose(1, 0, 2)
 
     out = jax.lax.map(one_block, (qb, ib)).reshape(blocks * block, heads, v.shape[-1])[:tokens]
