@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vit import flops, median_time, results_file, run_hf, versions  # noqa: E402
+from bench_attention import recorder  # noqa: E402
+from bench_vit import flops, median_time, patched, run_hf  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import attention, layout  # noqa: E402
@@ -60,17 +60,9 @@ def previous_reference(rev: str):
     return lambda q, k, v, segments: module._reference(q, k, v, segments.ids)
 
 
-@contextlib.contextmanager
-def path(name: str, previous):
+def path(name: str, previous) -> contextlib.AbstractContextManager:
     """The encoders built and calls traced inside run the `name` path ("shipped" or "previous")."""
-    shipped = attention._reference
-    attention._reference = previous if name == "previous" else shipped
-    jax.clear_caches()
-    try:
-        yield
-    finally:
-        attention._reference = shipped
-        jax.clear_caches()
+    return patched({(attention, "_reference"): previous} if name == "previous" else {})
 
 
 def attention_alone(emit, previous, reps: int) -> None:
@@ -143,15 +135,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--parts", default="attention,tower", help="which parts to run, comma-separated")
     args = ap.parse_args()
-    meta = {**versions(), "script": "bench_reference", "previous": args.previous}
-    out_file = results_file(args.out, meta)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
+    _, record = recorder("bench_reference", args.out)
 
     def emit(row: dict) -> None:
-        line = json.dumps({**meta, **row})
-        print(line, flush=True)
-        with out_file.open("a") as f:
-            f.write(line + "\n")
+        record({"previous": args.previous, **row})
 
     previous = previous_reference(args.previous)
     parts = args.parts.split(",")

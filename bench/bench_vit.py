@@ -340,13 +340,18 @@ PATHS = {
 }
 
 
+def code_path(name: str) -> contextlib.AbstractContextManager:
+    """Executables traced and calls run inside take the code path `PATHS[name]` (`patched`)."""
+    return patched(PATHS[name])
+
+
 @contextlib.contextmanager
-def code_path(name: str):
-    """Executables traced and calls run inside take the code path `PATHS[name]`. JAX's trace caches are cleared on the
-    way in and out: a primitive's lowering (fa4-jax's forward) is traced once per config and reused, which would carry
-    one path's output shape into another's."""
-    saved = {(owner, attr): getattr(owner, attr) for owner, attr in PATHS[name]}
-    for (owner, attr), value in PATHS[name].items():
+def patched(changes: dict):
+    """Inside, each `(owner, attribute)` of `changes` is set to its value. JAX's trace caches are cleared on the way in
+    and out: a primitive's lowering (fa4-jax's forward) is traced once per config and reused, which would carry one
+    path's output shape into another's."""
+    saved = {(owner, attr): getattr(owner, attr) for owner, attr in changes}
+    for (owner, attr), value in changes.items():
         setattr(owner, attr, value)
     jax.clear_caches()
     try:
