@@ -36,7 +36,7 @@ from flax import nnx
 
 import vitjax
 from vitjax import attention, fa4, layout, model
-from vitjax.buckets import COMPILER_OPTIONS
+from vitjax.engine import COMPILER_OPTIONS
 from vitjax.model import TowerInputs, apply_rotary, rotary_tables
 from vitjax.taps import skipping
 

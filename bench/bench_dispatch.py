@@ -23,7 +23,6 @@ from bench_attention import recorder, rotating_rounds  # bench/ is on sys.path w
 from bench_vit import RESOLUTIONS, op_times
 
 import vitjax
-from vitjax import buckets
 
 # XLA's command buffers (CUDA graphs): as shipped, off, and without the loop and conditional commands (the scan is
 # then a host loop over graphs of its body).
@@ -55,12 +54,12 @@ def main() -> None:
     rows = sum(t * h * w for t, h, w in grids)
     rng = np.random.default_rng(0)
     pixels = jax.device_put(rng.standard_normal((rows, enc.cfg.patch_dim), np.float32))
-    shipped_options = dict(buckets.COMPILER_OPTIONS)
+    shipped_options = dict(vitjax.engine.COMPILER_OPTIONS)
     built = {}
     for name, extra in SETTINGS.items():
-        buckets.COMPILER_OPTIONS = {**shipped_options, **extra}
+        vitjax.engine.COMPILER_OPTIONS = {**shipped_options, **extra}
         try:
-            engine = buckets.Engine(enc.cfg, enc._graph, enc._state, enc.attention)
+            engine = vitjax.engine.Engine(enc.cfg, enc._graph, enc._state, enc.attention)
             ((bucket, _),) = engine.policy.plan(grids)
             exe = engine.executable(bucket, np.float32)
             call_args = (engine._state, *engine._inputs(pixels, 0, rows, grids, bucket))
@@ -69,7 +68,7 @@ def main() -> None:
         except Exception as e:  # a setting the installed XLA rejects is reported, not fatal
             emit({"bench": "dispatch", "setting": name, "error": repr(e)[:300]})
         finally:
-            buckets.COMPILER_OPTIONS = shipped_options
+            vitjax.engine.COMPILER_OPTIONS = shipped_options
     results = {name: {k: [] for k in ("launch", "launch_new_rows", "dispatch", "wall")} for name in built}
     for _, name in rotating_rounds(list(built), args.rounds):
         engine, exe, call_args, bucket = built[name]

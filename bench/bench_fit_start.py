@@ -1,7 +1,7 @@
-"""What a fitted bucket's background compile costs the calls served beside it (`vitjax.buckets.Engine`): the call
+"""What a fitted bucket's background compile costs the calls served beside it (`vitjax.engine.Engine`): the call
 that starts it (the second of a size) and the three after it, against the same request with no compile running,
 with Python's switch interval during the compile at each of `--intervals` (ms; 5 is Python's default, the path
-before `buckets.FIT_SWITCH_INTERVAL`). `ladder_calls_extra_ms` sums what the starting call and those of the next
+before `vitjax.engine.FIT_SWITCH_INTERVAL`). `ladder_calls_extra_ms` sums what the starting call and those of the next
 calls that still ran in the ladder's bucket took over the quiet median (later ones run in the fitted bucket, faster).
 
 The 8B tower, random weights, bf16, float32 pixel rows from the host like bench_vit's `encode_patches` rows. Each
@@ -31,7 +31,7 @@ QUIET_CALLS = 5
 NEXT_CALLS = 3
 
 
-def forget_fitted(engine: buckets.Engine) -> None:
+def forget_fitted(engine: vitjax.engine.Engine) -> None:
     """Back to no fitted bucket and no sightings, so the next two calls of a size start its compile again."""
     engine.settle()
     for key in [*engine._fitted, *engine._fitting]:
@@ -85,7 +85,7 @@ def main() -> None:
             quiet.append(call())  # a first sighting: no compile
         base = float(np.median(quiet))
         for rnd, interval in rotating_rounds(args.intervals.split(","), args.rounds):
-            buckets.FIT_SWITCH_INTERVAL = float(interval) / 1e3
+            vitjax.engine.FIT_SWITCH_INTERVAL = float(interval) / 1e3
             forget_fitted(engine)
             call()
             compile_times.clear()

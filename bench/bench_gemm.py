@@ -22,7 +22,7 @@ import torch
 from bench_attention import pipelined_ms  # bench/ is on sys.path when run as a script
 from bench_vit import op_times, versions
 
-from vitjax.buckets import COMPILER_OPTIONS
+from vitjax.engine import COMPILER_OPTIONS
 
 D, MLP, WIDE, OUT = 1152, 4304, 4608, 4096
 SHAPES = {  # name: (rows divisor, K, N, GELU epilogue)

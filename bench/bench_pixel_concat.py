@@ -20,7 +20,7 @@ import numpy as np
 from bench_attention import recorder, rotating_rounds  # bench/ is on sys.path when run as a script
 from bench_vit import op_times
 
-from vitjax.buckets import COMPILER_OPTIONS
+from vitjax.engine import COMPILER_OPTIONS
 
 FORMS = {
     "concat_then_cast": lambda chunks, w: jnp.concatenate(chunks).astype(w.dtype) @ w,

@@ -24,10 +24,11 @@ from bench_attention import recorder  # bench/ is on sys.path when run as a scri
 from bench_vit import RESOLUTIONS, device_events
 
 import vitjax
-from vitjax import buckets, row_views
+from vitjax import row_views
 
 WORKLOADS = {"1x720p": (1, "720p"), "20x960x1280": (20, "960x1280")}
-MODES = {"before": (0, False), "layouts_kept": (buckets.LAYOUT_CACHE, False), "shipped": (buckets.LAYOUT_CACHE, True)}
+KEPT = vitjax.engine.LAYOUT_CACHE
+MODES = {"before": (0, False), "layouts_kept": (KEPT, False), "shipped": (KEPT, True)}
 CALLS = 3
 MIN_GAP_US = 5.0
 
@@ -60,7 +61,7 @@ def timeline(events: list[tuple[str, str, float, float]]) -> dict:
     }
 
 
-def device_request(engine: buckets.Engine, rng: np.random.Generator, count: int, res: str) -> tuple:
+def device_request(engine: vitjax.engine.Engine, rng: np.random.Generator, count: int, res: str) -> tuple:
     """(grids, pixels, call): `count` frames of resolution `res` as random pixel rows on the device, and a call of
     the engine on them that waits for its outputs."""
     grids = [RESOLUTIONS[res]] * count
@@ -73,7 +74,7 @@ def device_request(engine: buckets.Engine, rng: np.random.Generator, count: int,
     return grids, pixels, call
 
 
-def dispatch_and_wall(engine: buckets.Engine, pixels: jax.Array, grids: list) -> tuple[float, float]:
+def dispatch_and_wall(engine: vitjax.engine.Engine, pixels: jax.Array, grids: list) -> tuple[float, float]:
     """Medians (ms) of the host's dispatch (`Engine.run` until it returns) and of the wall time until the outputs are
     ready, over 20 calls (10 for calls of 10,000 rows or more)."""
     dispatch, wall = [], []
@@ -99,7 +100,7 @@ def main() -> None:
     private_views = row_views._import_rows
     for (name, (count, res)), mode in ((w, m) for w in WORKLOADS.items() for m in [*MODES] * 2):
         cache, private = MODES[mode]
-        buckets.LAYOUT_CACHE = cache
+        vitjax.engine.LAYOUT_CACHE = cache
         row_views._import_rows = private_views if private else lambda *_: None
         grids, pixels, call = device_request(engine, rng, count, res)
         call()

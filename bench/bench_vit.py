@@ -45,9 +45,10 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import vitjax  # noqa: E402
-from vitjax import buckets, layout  # noqa: E402
+from vitjax import layout  # noqa: E402
 from vitjax.attention import widen  # noqa: E402
-from vitjax.buckets import COMPILER_OPTIONS, FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
+from vitjax.buckets import FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
+from vitjax.engine import COMPILER_OPTIONS  # noqa: E402
 from vitjax.fa4 import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 from vitjax.parallel import DataParallel, group_rows, split_balanced  # noqa: E402
@@ -267,7 +268,7 @@ def previous_device_pieces(self, pixels, row, rows, tokens, chunk):
             pieces.append(row_view(pixels, start, chunk))
         elif end > start:
             window = min(start, pixels.shape[0] - chunk)
-            pieces.append(buckets._partial_chunk(row_view(pixels, window, chunk), start - window, end - start))
+            pieces.append(vitjax.engine._partial_chunk(row_view(pixels, window, chunk), start - window, end - start))
         else:
             pieces.append(self._zero(self.devices[0], chunk, np.dtype(pixels.dtype)))
     return tuple(pieces)
@@ -323,14 +324,14 @@ PATHS = {
     "previous": {  # before 2026-11-26: zeroed tap buffer, jax.nn.gelu's erfc form in the mergers, the host path above
         (vitjax.model, "tap_buffer"): lambda shape, dtype: jnp.zeros(shape, dtype),
         (vitjax.model, "exact_gelu"): lambda h: jax.nn.gelu(h.astype(jnp.float32), approximate=False).astype(h.dtype),
-        (buckets.Engine, "_device_pieces"): previous_device_pieces,
+        (vitjax.engine.Engine, "_device_pieces"): previous_device_pieces,
     },
     "threaded": {(DataParallel, "encode"): threaded_encode},  # a one-image request through a device thread
     "rotary_then_widen": {(vitjax.model, "apply_rotary"): rotary_then_widen},
     "shift_threshold_1e8": {(vitjax.fa4, "FA4_FIXED_SHIFT_MIN_WORK"): 10**8},  # before 2026-11-26's 7th session
     # cuBLASLt's first N kernels for each GEMM, timed by XLA's autotuner (0, shipped: every kernel cuBLASLt offers)
     **{
-        f"gemm_top{n}": {(buckets, "COMPILER_OPTIONS"): {**COMPILER_OPTIONS, "xla_gpu_autotune_max_solutions": n}}
+        f"gemm_top{n}": {(vitjax.engine, "COMPILER_OPTIONS"): {**COMPILER_OPTIONS, "xla_gpu_autotune_max_solutions": n}}
         for n in (2, 3, 4, 8)
     },
     "wide_output": {
@@ -458,7 +459,7 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
     inputs = TowerInputs(dev[1], dev[2], dev[3], Segments(dev[4], dev[5], dev[6], max_length))
 
     def compiled(fn, *args):  # with the bucket executables' XLA options
-        options = buckets.COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
+        options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
         return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
     x = compiled(lambda s, p, inp: nnx.merge(graph, s).embed(p, inp), state, dev[0], inputs)(state, dev[0], inputs)

@@ -2,7 +2,7 @@
 
 The 8B tower (random weights, bf16, bf16 pixel rows as the SGLang bridge warms it) warms every bucket of the
 policy in a fresh process with an empty compilation cache, then again in a second process reading that cache,
-once per `--min-compile-s` (the shortest compile JAX persists, `buckets.CACHE_MIN_COMPILE_SECONDS`; JAX's own
+once per `--min-compile-s` (the shortest compile JAX persists, `vitjax.engine.CACHE_MIN_COMPILE_SECONDS`; JAX's own
 default is 1 s), each with its own cache. Each bucket's seconds are one JSON line (printed and
 appended to bench/results/<device>-<date>.jsonl), then each process's sums; `--ladder` names the buckets a
 segment ladder would not have (`new`), and those the default set had before 2026-11-26 (`in_earlier_set`), so the
@@ -46,7 +46,7 @@ def child(min_compile_s: float, path: str, devices: int, every: int) -> None:
             counts[event] += 1
 
     monitoring.register_event_listener(listen)
-    buckets.CACHE_MIN_COMPILE_SECONDS = min_compile_s
+    vitjax.engine.CACHE_MIN_COMPILE_SECONDS = min_compile_s
     with code_path(path):
         enc = vitjax.Encoder.random(PRESET, devices=devices)
         built = time.perf_counter() - start

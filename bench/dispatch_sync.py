@@ -21,7 +21,7 @@ import numpy as np
 from bench_attention import recorder  # bench/ is on sys.path when run as a script
 
 import vitjax
-from vitjax import buckets, fa4
+from vitjax import fa4
 
 WORKLOADS = {"20x960x1280": [(1, 60, 80)] * 20, "8x720p": [(1, 44, 80)] * 8, "1x720p": [(1, 44, 80)]}
 
@@ -67,20 +67,20 @@ def main() -> None:
     _, emit = recorder("dispatch_sync", args.out)
     hlo_dir = os.environ.get("HLO_DIR")
     variants = args.variants
-    options = dict(buckets.COMPILER_OPTIONS)
+    options = dict(vitjax.engine.COMPILER_OPTIONS)
     guarded = fa4.forward
     for variant in variants:
-        buckets.COMPILER_OPTIONS.clear()
-        buckets.COMPILER_OPTIONS.update(options)
+        vitjax.engine.COMPILER_OPTIONS.clear()
+        vitjax.engine.COMPILER_OPTIONS.update(options)
         fa4.forward = guarded
         if variant == "min_graph_1":
-            buckets.COMPILER_OPTIONS["xla_gpu_graph_min_graph_size"] = 1
+            vitjax.engine.COMPILER_OPTIONS["xla_gpu_graph_min_graph_size"] = 1
         if variant == "graphs_while":
-            buckets.COMPILER_OPTIONS["xla_gpu_enable_command_buffer"] = (
+            vitjax.engine.COMPILER_OPTIONS["xla_gpu_enable_command_buffer"] = (
                 "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
             )
         if variant == "graphs_while_dsf":
-            buckets.COMPILER_OPTIONS["xla_gpu_enable_command_buffer"] = (
+            vitjax.engine.COMPILER_OPTIONS["xla_gpu_enable_command_buffer"] = (
                 "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL,DYNAMIC_SLICE_FUSION"
             )
         if variant == "unguarded":  # the fixed shift without its overflow check (not exact on overflow)

@@ -17,10 +17,11 @@ from PIL import Image
 from safetensors.numpy import load_file
 
 import vitjax
-from vitjax import buckets, layout, parallel
-from vitjax.buckets import Bucket, BucketPolicy, Engine
+from vitjax import layout, parallel
+from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.cli import main as cli_main
 from vitjax.encoder import abstract_tower
+from vitjax.engine import Engine
 from vitjax.parallel import pick_devices, split_balanced
 
 CFG = TINY["hd72"]
@@ -129,7 +130,7 @@ def _close(got, ref, rel=1e-5):
 def test_data_parallel_equals_single_device(params, devices, monkeypatch):
     """Each engine computes its group of images, given only that group's pixel rows: on the host exactly those, on a
     device a view of at least a chunk's rows around them (engines read device rows a chunk at a time)."""
-    monkeypatch.setattr(buckets, "MAX_CHUNK_ROWS", 64)  # a group shorter than a chunk, with four devices
+    monkeypatch.setattr(vitjax.engine, "MAX_CHUNK_ROWS", 64)  # a group shorter than a chunk, with four devices
     monkeypatch.setattr(parallel, "MAX_CHUNK_ROWS", 64)
     enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=devices)
     given, encode, host_path = [], Engine.encode, []
@@ -164,7 +165,7 @@ def test_data_parallel_equals_single_device(params, devices, monkeypatch):
 def test_an_engine_reads_its_rows_inside_a_wider_device_view(params, monkeypatch):
     """A short group at the end of device-resident pixels: its engine gets a chunk's rows ending there, its own rows
     starting 48 in, and computes what one device does. Pixels spread over the devices are gathered once."""
-    monkeypatch.setattr(buckets, "MAX_CHUNK_ROWS", 64)
+    monkeypatch.setattr(vitjax.engine, "MAX_CHUNK_ROWS", 64)
     monkeypatch.setattr(parallel, "MAX_CHUNK_ROWS", 64)
     grids = [(1, 10, 20)] * 3 + [(1, 4, 4)]  # 200, 200, 200, 16 rows: one image an engine
     enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=4)

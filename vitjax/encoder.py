@@ -23,9 +23,10 @@ from flax import nnx
 
 from vitjax import dali, hub, layout, weights
 from vitjax.attention import ENV_VAR, Segments, check_devices, default_implementation, named_implementation
-from vitjax.buckets import Bucket, BucketPolicy, Engine, checked_bucket
+from vitjax.buckets import Bucket, BucketPolicy, checked_bucket
 from vitjax.cache import EmbeddingCache, check_max_bytes
 from vitjax.config import VisionConfig
+from vitjax.engine import Engine
 from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices

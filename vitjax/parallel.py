@@ -1,5 +1,5 @@
 """Several devices: a request's whole images spread over engines (data parallelism), each engine one device
-or a group of devices sharing every call's tokens (Ulysses sequence parallelism, see `vitjax.buckets`).
+or a group of devices sharing every call's tokens (Ulysses sequence parallelism, see `vitjax.engine`).
 
 Every engine holds the weights and its own bucket executables; a request is cut into contiguous groups
 of whole images whose largest token total is as small as possible, and each group runs on its engine at
@@ -17,8 +17,9 @@ import jax
 import numpy as np
 
 from vitjax import layout
-from vitjax.buckets import MAX_CHUNK_ROWS, Bucket, Engine
+from vitjax.buckets import Bucket
 from vitjax.checks import is_int
+from vitjax.engine import MAX_CHUNK_ROWS, Engine
 from vitjax.row_views import row_view
 
 
