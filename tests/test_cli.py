@@ -115,6 +115,8 @@ def test_unknown_preset_and_model_paths_are_one_line(config_only, tmp_path, caps
     assert code == 2 and "--random-init qwen3-vl-9b: unknown preset 'qwen3-vl-9b'; choose one of" in one_error_line(err)
     code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(tmp_path / "nowhere"), "-o", out)
     assert code == 2 and f"--model {tmp_path / 'nowhere'}: no such directory" in one_error_line(err)
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(PHOTOS[0]), "-o", out)  # a file, not a checkpoint
+    assert code == 2 and f"--model {PHOTOS[0]}: not a directory" in one_error_line(err)
     code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(tmp_path), "-o", out)
     assert code == 2 and f"no config.json at {tmp_path / 'config.json'}" in one_error_line(err)
     assert list(tmp_path.iterdir()) == []
@@ -261,6 +263,9 @@ def test_missing_inputs_are_found_before_the_model(config_only, tmp_path, capsys
     summary = json.loads(stdout)
     assert summary["written"] == 0 and summary["output"] is None and summary["tokens"] == 0
     assert summary["failed"] == [{"index": i, "source": g, "error": "no such file"} for i, g in enumerate(gone)]
+    out.write_bytes(b"an earlier run's output")  # stays as it was: nothing replaces it
+    code, _, _ = run(capsys, *gone, "--model", str(config_only), "-o", str(out))
+    assert code == 1 and out.read_bytes() == b"an earlier run's output"
 
 
 def test_files_from_stdin_summary_json_and_quiet(checkpoint, tmp_path, capsys, monkeypatch):

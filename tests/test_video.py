@@ -10,6 +10,7 @@ two uint8 levels on ~0.5% of the pixels, which is why vitjax does not use it for
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -476,7 +477,7 @@ def test_frames_never_attend_across_temporal_groups(enc):
 def test_video_cache_keys_include_the_sampling(checkpoint, clip_file):
     enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
     (first,) = enc.encode([clip_file])
-    assert enc.images_encoded == 1
+    assert enc.images_encoded == 1 and first.sha256 == hashlib.sha256(clip_file.read_bytes()).hexdigest()  # sha256sum's
     (again,) = enc.encode([str(clip_file)])  # same file, same default sampling: a hit
     assert enc.images_encoded == 1 and np.array_equal(np.asarray(again.features), np.asarray(first.features))
     (faster,) = enc.encode([clip_file], fps=4)  # 10 frames instead of 5

@@ -38,8 +38,8 @@ EPILOG = """examples:
 EXIT_CODES = """exit status:
   0  every input was encoded and written
   1  some inputs failed (each is named on stderr; the others are written), or the output could not be written
-  2  usage: a bad option or setting, an unknown preset, an unreadable --model, an output folder that is not
-     writable; nothing is encoded
+  2  usage: a bad option or setting, an unknown preset, an unreadable --model, an output folder that is
+     missing or not writable; nothing is encoded
   3  the run itself failed (out of memory, a defect: the traceback is on stderr); nothing was written
   130, 143  interrupted (Ctrl-C) or terminated (SIGTERM); nothing half-written is left"""
 
@@ -116,9 +116,8 @@ def _config(args: argparse.Namespace) -> VisionConfig:
     except OSError as e:  # a hub id the hub did not give
         raise UsageError(f"--model {e}") from e
     if not path.is_dir():
-        raise UsageError(
-            f"--model {args.model}: no such directory (an HF checkpoint, a `vitjax convert` output or a hub id)"
-        )
+        what = "not a directory" if path.exists() else "no such directory"
+        raise UsageError(f"--model {args.model}: {what} (an HF checkpoint, a `vitjax convert` output or a hub id)")
     try:
         return VisionConfig.from_hf(path)
     except (OSError, ValueError) as e:

@@ -264,7 +264,7 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         yield from _decode(av, path, name, wanted, starts, size, turns)
 
     def digest() -> str:
-        h = hashlib.sha256(b"file:")
+        h = hashlib.sha256()  # the file's own sha256, as `sha256sum` gives it (and DALI's items)
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
