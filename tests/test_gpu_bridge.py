@@ -8,12 +8,14 @@ sets it) and the CPU adapter runs beside it, so run:
 Shows: pixel rows read in place and features handed back in place (same device pointers), no race with torch
 work queued on the caller's stream just before and just after the call (default and side stream), features
 that outlive the JAX arrays, and outputs as close to HF fp32 as HF's own bf16 tower (8B config, bf16 tower) and
-close to the CPU adapter (tiny config). Prints each framework's memory peak.
+close to the CPU adapter (tiny config), and a tower that outlives a pause and resume of SGLang's memory saver (where
+torch_memory_saver is installed). Prints each framework's memory peak.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 from pathlib import Path
 
@@ -215,6 +217,59 @@ def test_tower_on_a_gpu_other_than_the_first():
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
     run = subprocess.run([sys.executable, "-c", LAST_GPU], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode != 0 and "XLA_PYTHON_CLIENT_PREALLOCATE must be false" in run.stderr
+
+
+MEMORY_SAVER = """
+import json
+import torch
+from torch_memory_saver import torch_memory_saver as saver
+import bridge, vitjax
+from vitjax.buckets import Bucket
+free = lambda: torch.cuda.mem_get_info()[0] / 2**30
+# Where SGLang builds and loads the model; the warm-up, which SGLang runs just after, inside too (the stricter case).
+with saver.region(tag="weights", enable_cpu_backup=False):
+    control = torch.full((1 << 28,), 3.0, device="cuda")  # 1 GiB of torch weights: what the saver is for
+    tower = bridge.JaxVisionTower(config=vitjax.VisionConfig.preset("qwen3-vl-8b"), device="cuda", dtype=torch.bfloat16)
+    tower.load_random(seed=0)
+    tower.warmup([Bucket(3584, 1)])
+pixels = torch.randn(3520, 1536, generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
+grid = torch.tensor([[1, 44, 80]])
+before = tower(pixels, grid).cpu()
+torch.cuda.synchronize()
+used = free()
+saver.pause("weights")  # release_memory_occupation
+freed = free() - used
+saver.resume("weights")  # resume_memory_occupation
+after = tower(pixels, grid).cpu()
+print(json.dumps({"freed_gib": freed, "same": torch.equal(before, after), "control": float(control.mean()),
+                  "attention": tower.encoder.attention}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_memory_saver") is None, reason="needs torch_memory_saver")
+def test_the_tower_outlives_sglangs_memory_saver():
+    """SGLang's memory saver (RL trainers' `release_memory_occupation`) builds the model inside torch_memory_saver's
+    "weights" region, then pauses it: whatever was allocated there through cudaMalloc is unmapped, and on resume mapped
+    again empty (without a CPU backup). XLA allocates through the CUDA driver, outside the saver's hook: the JAX tower's
+    memory (its weights and working memory, fa4's kernels included where installed) stays through a pause, and its
+    output after the resume is the same, bit for bit. The torch control shows the saver at work (freed, then empty)."""
+    import json
+    import subprocess
+    import sys
+
+    from torch_memory_saver import configure_subprocess
+
+    paths = [str(Path(__file__).parents[1]), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    with configure_subprocess():  # the saver's preload library, as SGLang starts its scheduler processes
+        env["LD_PRELOAD"] = os.environ["LD_PRELOAD"]
+    run = subprocess.run([sys.executable, "-c", MEMORY_SAVER], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"memory saver: paused {got['freed_gib']:.3f} GiB (the torch control's 1), tower output after resume "
+          f"the same: {got['same']} ({got['attention']})")  # fmt: skip
+    assert abs(got["freed_gib"] - 1) < 0.05 and got["control"] == 0.0  # the control's GiB, and nothing of JAX's
+    assert got["same"]
 
 
 TWO_GPUS = """
