@@ -101,8 +101,11 @@ def stock(moe, tmp_path_factory) -> list:
 
 
 def test_http_server_with_bridge_answers_like_stock_and_survives_a_corrupt_image(moe, stock, tmp_path):
+    """With SGLang's DP encoder on (`--mm-enable-dp-encoder`, as README's several-GPU command has it): on one rank its
+    `run_dp_sharded_mrope_vision_model` calls the tower with the items' rows it gathers (TP > 1 needs SGLang's CPU
+    engine, a CPU build of sgl-kernel that PyPI does not have)."""
     env = server_env(tmp_path)
-    args = ["--model-path", str(moe)]
+    args = ["--model-path", str(moe), "--mm-enable-dp-encoder"]
     with server("bridge.launch_server", ["--mm-encoder-backend", "jax", *args], tmp_path / "jax.log", env) as url:
         assert_same(answers(url), stock)
         truncated = "data:image/jpeg;base64," + base64.b64encode((IMAGES / "coffee.jpg").read_bytes()[:300]).decode()
