@@ -1,6 +1,6 @@
 """The tower's first pass: a call's pixel chunks concatenated and cast to the weights' dtype (one GPU).
 
-A bucket executable takes its pixels as 2,048-row chunks (`vitjax.buckets`) and concatenates them before the patch
+A bucket executable takes its pixels as 2,048-row chunks (`vitjax.engine`) and concatenates them before the patch
 embedding. On an H200 XLA fused the 47 float32 chunks of the 20-photo call and their cast to bf16 into one loop
 fusion that moved its 885 MB at ~1.2 TB/s (0.71 ms). Here the patch embedding alone, compiled with the bucket
 options, in forms that compute the same values: `concat_then_cast` (shipped), `cast_then_concat` (each chunk cast

@@ -47,8 +47,8 @@ from flax import nnx  # noqa: E402
 import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
 from vitjax.attention import widen  # noqa: E402
-from vitjax.buckets import FIT_AFTER, Bucket, BucketPolicy  # noqa: E402
-from vitjax.engine import COMPILER_OPTIONS  # noqa: E402
+from vitjax.buckets import Bucket, BucketPolicy  # noqa: E402
+from vitjax.engine import COMPILER_OPTIONS, FIT_AFTER  # noqa: E402
 from vitjax.fa4 import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 from vitjax.parallel import DataParallel, group_rows, split_balanced  # noqa: E402
@@ -459,7 +459,7 @@ def part_times(enc: vitjax.Encoder, bucket: Bucket, grids, pool: np.ndarray) -> 
     inputs = TowerInputs(dev[1], dev[2], dev[3], Segments(dev[4], dev[5], dev[6], max_length))
 
     def compiled(fn, *args):  # with the bucket executables' XLA options
-        options = COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
+        options = vitjax.engine.COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
         return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
     x = compiled(lambda s, p, inp: nnx.merge(graph, s).embed(p, inp), state, dev[0], inputs)(state, dev[0], inputs)

@@ -241,8 +241,7 @@ saver.pause("weights")  # release_memory_occupation
 freed = free() - used
 saver.resume("weights")  # resume_memory_occupation
 after = tower(pixels, grid).cpu()
-print(json.dumps({"freed_gib": freed, "same": torch.equal(before, after), "control": float(control.mean()),
-                  "attention": tower.encoder.attention}))
+print(json.dumps({"freed_gib": freed, "same": torch.equal(before, after), "attention": tower.encoder.attention}))
 """
 
 
@@ -252,7 +251,7 @@ def test_the_tower_outlives_sglangs_memory_saver():
     "weights" region, then pauses it: whatever was allocated there through cudaMalloc is unmapped, and on resume mapped
     again empty (without a CPU backup). XLA allocates through the CUDA driver, outside the saver's hook: the JAX tower's
     memory (its weights and working memory, fa4's kernels included where installed) stays through a pause, and its
-    output after the resume is the same, bit for bit. The torch control shows the saver at work (freed, then empty)."""
+    output after the resume is the same, bit for bit. The torch control shows the saver at work (its GiB freed)."""
     import json
     import subprocess
     import sys
@@ -268,7 +267,7 @@ def test_the_tower_outlives_sglangs_memory_saver():
     got = json.loads(run.stdout.strip().splitlines()[-1])
     print(f"memory saver: paused {got['freed_gib']:.3f} GiB (the torch control's 1), tower output after resume "
           f"the same: {got['same']} ({got['attention']})")  # fmt: skip
-    assert abs(got["freed_gib"] - 1) < 0.05 and got["control"] == 0.0  # the control's GiB, and nothing of JAX's
+    assert abs(got["freed_gib"] - 1) < 0.01  # the control's GiB (1.000 on an H100), and nothing of JAX's
     assert got["same"]
 
 

@@ -488,6 +488,8 @@ def test_video_cache_keys_include_the_sampling(checkpoint, clip_file):
     assert enc.images_encoded == 4 and smaller.grid_thw[1] < first.grid_thw[1]
     with pytest.raises(vitjax.settings.SettingError, match="num_frames=4: excludes fps=2"):
         enc.encode([clip_file], fps=2, num_frames=4)
+    # A file's digest is its own sha256: an array sampled alike never shares its key (its digest hashes other bytes).
+    assert Video(clip_file).settings != Video(np.zeros((4, 8, 8, 3), np.uint8), fps=2).settings
 
 
 def test_bad_video_costs_only_itself(enc, clip_file, tmp_path):

@@ -29,12 +29,11 @@ DEFAULT_TOKENS = tuple(512 * k for k in range(1, 9)) + tuple(
 DEFAULT_SEGMENTS = (1, 4, 16, 64, 128, 256, 384)
 # Frames hold at least this many patches at Qwen3-VL's default min_pixels; the warm-up set assumes it.
 MIN_FRAME_TOKENS = 256
-# Calls of a size seen `FIT_AFTER` times move, once it is compiled, to a bucket of their tokens rounded up to this (a
-# multiple of `vitjax.engine.MAX_CHUNK_ROWS`): padded rows cost the GEMMs and the passes around them; on an H100
-# repeated requests of 4-32 720p images ran 6-8% faster, of 2-8 2K images 1-4%, the 20 photos (96,256 tokens, not
-# 98,304) 0-3% (NOTES).
+# A call size seen again (`vitjax.engine.FIT_AFTER`) moves, once it is compiled, to a bucket of its tokens rounded up
+# to this (a multiple of `vitjax.engine.MAX_CHUNK_ROWS`): padded rows cost the GEMMs and the passes around them; on an
+# H100 repeated requests of 4-32 720p images ran 6-8% faster, of 2-8 2K images 1-4%, the 20 photos (96,256 tokens,
+# not 98,304) 0-3% (NOTES).
 FIT_GRANULE = 2048
-FIT_AFTER = 2
 # A call on cuDNN's padded path holds at most this many times its bucket's tokens in its padded batch (slots x the
 # longest frame's length), or twice the largest ladder bucket. Calls of equal frames, images or a video's, stay within
 # it on the default ladders (checked for every frame size and count); only a mix of long and short frames is cut.

@@ -38,7 +38,7 @@ from flax import nnx
 
 from vitjax import layout
 from vitjax.attention import Segments, bucket_implementation
-from vitjax.buckets import FIT_AFTER, Bucket, BucketPolicy
+from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.config import VisionConfig
 from vitjax.model import TowerInputs
 from vitjax.row_views import row_views
@@ -54,6 +54,8 @@ PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float1
 # Device copies of the most recent call layouts kept per engine: a new copy costs the host ~1 ms before the call
 # can start, and a serving process sees the same image sizes again and again (bench/NOTES.md).
 LAYOUT_CACHE = 16
+# The call of a size that starts its fitted bucket's compile (`BucketPolicy.fitted`): its second.
+FIT_AFTER = 2
 # Fitted executables kept per engine (least recently used dropped; a size dropped d times needs FIT_AFTER * 2**d calls
 # to compile again), and call sizes remembered toward that (and their drops).
 FITTED_EXECUTABLES = 16

@@ -78,9 +78,10 @@ class Video:
 
     @property
     def settings(self) -> tuple:
-        """What the sampled frames depend on besides the source: part of the embedding cache's key."""
+        """What the sampled frames depend on besides the source: part of the embedding cache's key. The source's kind
+        too: a file's digest is its sha256, which no array's (of a prefix and the frames) may share a key with."""
         fps = FPS if self.is_file and self.fps is None and self.num_frames is None else self.fps
-        return ("video", fps, self.num_frames, self.video_fps)
+        return ("video", "file" if self.is_file else "frames", fps, self.num_frames, self.video_fps)
 
 
 def is_video_path(source: object) -> bool:
