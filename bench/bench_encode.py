@@ -53,11 +53,11 @@ def inline_dispatch(enc: vitjax.Encoder):
     """`Encoder._dispatch` as it was before 2026-11-27: each call made in the encode's own thread, so its host work
     on the next call waits while a dispatch waits for the device."""
 
-    def dispatch(pipe, batch, keys, dispatcher, in_flight) -> None:
+    def dispatch(pipe, batch, found, dispatcher, in_flight) -> None:
         if len(in_flight) >= 2:
-            jax.block_until_ready(in_flight.popleft().result())
+            enc._store(in_flight.popleft())
         done = Future()
-        done.set_result(enc._call(pipe, batch, *keys))
+        done.set_result(enc._call(pipe, batch, found))
         in_flight.append(done)
 
     return dispatch
