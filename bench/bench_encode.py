@@ -55,7 +55,7 @@ def inline_dispatch(enc: vitjax.Encoder):
 
     def dispatch(pipe, batch, found, dispatcher, in_flight) -> None:
         if len(in_flight) >= 2:
-            enc._store(in_flight.popleft())
+            jax.block_until_ready(in_flight.popleft().result())
         done = Future()
         done.set_result(enc._call(pipe, batch, found))
         in_flight.append(done)

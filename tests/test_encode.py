@@ -408,34 +408,6 @@ def test_a_failed_call_leaves_no_claim_and_costs_a_waiter_only_that_image(checkp
     assert isinstance(failed, ImageInputError) and failed.name == shared and "out of memory" in failed.reason
 
 
-class _FailsOnTheDevice:
-    """Stands for an output whose computation fails on the device: the error comes when it is waited for."""
-
-    def block_until_ready(self):
-        raise RuntimeError("INTERNAL: an illegal memory access was encountered")
-
-
-def test_a_call_that_fails_on_the_device_leaves_nothing_in_the_cache(enc, monkeypatch):
-    """A call's failure on the device surfaces only when its outputs are waited for. What it dispatched is not cached:
-    the next request for those images computes them again, instead of getting arrays that fail every time."""
-    paths = [str(PHOTOS[0]), str(PHOTOS[1])]
-    call = enc._call
-
-    def fails_on_the_device(*args):
-        return jax.tree.map(lambda x: _FailsOnTheDevice() if isinstance(x, jax.Array) else x, call(*args))
-
-    monkeypatch.setattr(enc, "_call", fails_on_the_device)
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        enc.encode(paths, max_pixels=MAX_PIXELS)
-    monkeypatch.undo()
-    assert enc.cache.stats.entries == 0 and enc.images_encoded == 2
-    again = enc.encode(paths, max_pixels=MAX_PIXELS)
-    assert enc.images_encoded == 4 and enc.cache.stats.entries == 2
-    alone = vitjax.Encoder.from_params(enc.cfg, enc.params(), dtype="float32").encode(paths, max_pixels=MAX_PIXELS)
-    for got, ref in zip(again, alone, strict=True):
-        np.testing.assert_array_equal(np.asarray(got.features), np.asarray(ref.features))
-
-
 def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):
     out = tmp_path / "out.safetensors"
     inputs = [str(p) for p in PHOTOS[:3]]

@@ -323,7 +323,7 @@ class Encoder:
                 for batch in open_batches.values():
                     self._dispatch(pipe, batch, found, dispatcher, in_flight)
                 while in_flight:
-                    self._store(in_flight.popleft())
+                    jax.block_until_ready(in_flight.popleft().result())
             except BaseException as e:
                 # The dispatch thread stops first (a call it has begun ends, queued ones are dropped): then no key is
                 # settled under us. Claims still pending are given up (whoever waits on them must not wait forever);
@@ -378,26 +378,15 @@ class Encoder:
         """The batch's call, given to the dispatch thread (`_call`). With two calls in flight, the older one is waited
         for first (its error raised here), so queued calls cannot pile up host buffers or device work."""
         if len(in_flight) >= 2:
-            self._store(in_flight.popleft())
+            jax.block_until_ready(in_flight.popleft().result())
         in_flight.append(dispatcher.submit(self._call, pipe, batch, found))
 
-    def _store(self, call: Future) -> None:
-        """A dispatched call's results into the cache once the device has computed them: a call that fails on the
-        device (its error raised here) leaves nothing in the cache that would fail every later request for its
-        images; its claims are abandoned with that error (`encode`)."""
-        outs, stores = call.result()
-        jax.block_until_ready((outs, stores))
-        for key, value in stores:
-            self.cache.put(key, value)
-
-    def _call(self, pipe: Pipeline, batch: Batch, found: dict) -> tuple[list[jax.Array], list[tuple[tuple, tuple]]]:
+    def _call(self, pipe: Pipeline, batch: Batch, found: dict) -> list[jax.Array]:
         """One `encode_patches` on the batch's rows once they are filled (asynchronous where the call's program
-        allows); its results go to `found` (keys the caller put there). Returns its outputs, and what the cache is to
-        store of them once they are ready (`_store`)."""
+        allows); its results go to `found` (keys the caller put there) and the cache."""
         pixels, failed = batch.finish()
         outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]))
         self.images_encoded += len(batch.items)
-        stores = []
         for item, error, out in zip(batch.items, failed, outs, strict=True):
             key = (self.model_id, *pipe.cache_key(item))
             if error is not None:
@@ -409,8 +398,8 @@ class Encoder:
                 # so what it holds is what it counts; a value it will not store (cache off) is not copied.
                 stored = out.nbytes <= self.cache.max_bytes
                 kept = jax.device_put(out, out.sharding, may_alias=False) if stored else out
-                stores.append((key, (item.grid, kept)))
-        return outs, stores
+                self.cache.put(key, (item.grid, kept))
+        return outs
 
 
 def _check_settings(cfg: VisionConfig, dtype: jnp.dtype, kw: dict) -> list[jax.Device]:

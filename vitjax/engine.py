@@ -21,7 +21,6 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
-import importlib.util
 import math
 import os
 import sys
@@ -48,12 +47,6 @@ CACHE_ENV = "VITJAX_CACHE_DIR"
 # JAX persists only programs that took at least this long to compile (its default: 1 s). An 8B bucket compiles in
 # 0.6-1.5 s on an H200, so most were compiled again by every new process; small helper programs stay out.
 CACHE_MIN_COMPILE_SECONDS = 0.2
-# JAX's cache takes a file lock around its reads and writes only when it has a size bound
-# (`jax_compilation_cache_max_size`; JAX's default, -1, is none). Unlocked, processes that compile one bucket at once
-# (SGLang's ranks as they start) write its file together: 5-11 of 60 two-process writes of executables of different
-# sizes left a corrupt entry, which JAX then reads, warns of and compiles past at every start, never writing it again
-# (bench/cache_race.py, bench/NOTES.md). A bound this large only turns the lock on.
-CACHE_MAX_BYTES = 1 << 40
 # Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens), as given
 # when in one of these dtypes, else as float32.
 MAX_CHUNK_ROWS = 2048
@@ -86,9 +79,7 @@ def enable_compilation_cache() -> str | None:
 
     A directory the user configured for JAX is kept, with their settings. Otherwise `$VITJAX_CACHE_DIR`, else
     `~/.cache/vitjax/xla` (under `$XDG_CACHE_HOME` if set), keeping programs that compiled in at least
-    `CACHE_MIN_COMPILE_SECONDS`, with reads and writes locked against other processes (`CACHE_MAX_BYTES`, unless a
-    bound is set, the folder is read-only (JAX's locked mode writes beside every read) or `filelock` is missing);
-    `VITJAX_CACHE_DIR=off` disables it.
+    `CACHE_MIN_COMPILE_SECONDS`; `VITJAX_CACHE_DIR=off` disables it.
     """
     current = jax.config.jax_compilation_cache_dir
     if current:
@@ -100,21 +91,7 @@ def enable_compilation_cache() -> str | None:
         path = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitjax" / "xla")
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
-    if jax.config.jax_compilation_cache_max_size == -1 and _lockable(path):
-        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     return path
-
-
-def _lockable(path: str) -> bool:
-    """Whether JAX can lock the cache folder: `filelock` is there (JAX's locked mode fails every compile without it)
-    and the folder can be written (made now if missing, as JAX would at its first compile)."""
-    if importlib.util.find_spec("filelock") is None:
-        return False
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK)
 
 
 class Call(NamedTuple):
