@@ -478,6 +478,28 @@ def test_compilation_cache_directory(monkeypatch, tmp_path):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
+def test_cache_entries_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A JAX cache entry appears only once it is whole, renamed onto its place (processes writing one entry in place
+    at once left it corrupt, bench/cache_race.py): a write cut short leaves neither the entry nor its part file, a
+    written one holds exactly its bytes, and one that exists is not written again."""
+    from jax._src.lru_cache import LRUCache
+
+    vitjax.engine.whole_cache_writes()
+    cache = LRUCache(str(tmp_path), max_size=-1)
+
+    def cut_short(part, entry):
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(vitjax.engine.os, "replace", cut_short)
+        with pytest.raises(OSError, match="No space left"):
+            cache.put("bucket", b"x" * 1000)
+    assert list(tmp_path.iterdir()) == []
+    cache.put("bucket", b"y" * 1000)
+    cache.put("bucket", b"z" * 10)  # there already: kept
+    assert [p.name for p in tmp_path.iterdir()] == ["bucket-cache"] and cache.get("bucket") == b"y" * 1000
+
+
 def test_a_bucket_needed_by_several_threads_at_once_compiles_once():
     """Requests arriving together on a cold encoder (no warm-up) that need one bucket: one compile, the others wait
     for it (each used to compile its own, a second or more apiece on a GPU)."""

@@ -79,7 +79,7 @@ def enable_compilation_cache() -> str | None:
 
     A directory the user configured for JAX is kept, with their settings. Otherwise `$VITJAX_CACHE_DIR`, else
     `~/.cache/vitjax/xla` (under `$XDG_CACHE_HOME` if set), keeping programs that compiled in at least
-    `CACHE_MIN_COMPILE_SECONDS`; `VITJAX_CACHE_DIR=off` disables it.
+    `CACHE_MIN_COMPILE_SECONDS`, each written whole (`whole_cache_writes`); `VITJAX_CACHE_DIR=off` disables it.
     """
     current = jax.config.jax_compilation_cache_dir
     if current:
@@ -91,7 +91,41 @@ def enable_compilation_cache() -> str | None:
         path = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitjax" / "xla")
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
+    whole_cache_writes()
     return path
+
+
+def whole_cache_writes() -> None:
+    """JAX's persistent cache writes an entry in place. Processes that compile one bucket at once (SGLang's ranks as
+    they start) then write it together, and left it corrupt in 5-11 of 60 two-process writes; JAX reads such an entry,
+    warns and compiles past it at every start, never writing it again (bench/cache_race.py, bench/NOTES.md). Here an
+    entry is written to a file of its own and renamed onto its place, so it is whole or absent. Private: JAX's
+    `LRUCache.put` without a size bound (with one JAX locks its files itself), checked on JAX 0.10.2 and 0.11.2."""
+    from jax._src import lru_cache
+
+    put = lru_cache.LRUCache.put
+    if getattr(put, "whole", False):
+        return
+
+    def put_whole(self, key: str, value: bytes) -> None:
+        if self.eviction_enabled or not key or not lru_cache._is_local_filesystem(str(self.path)):  # noqa: SLF001
+            return put(self, key, value)
+        entry = os.path.join(str(self.path), f"{key}{lru_cache._CACHE_SUFFIX}")  # noqa: SLF001
+        if os.path.exists(entry):
+            return None
+        part = f"{entry}.{os.getpid()}.{threading.get_ident()}.part"  # not a `*-cache` name: JAX never reads it
+        try:
+            with open(part, "wb") as f:  # the user's umask, as JAX's own write
+                f.write(value)
+            os.replace(part, entry)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise
+        return None
+
+    put_whole.whole = True
+    lru_cache.LRUCache.put = put_whole
 
 
 class Call(NamedTuple):
