@@ -21,11 +21,13 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import inspect
 import math
 import os
 import sys
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -99,24 +101,29 @@ def whole_cache_writes() -> None:
     """JAX's persistent cache writes an entry in place. Processes that compile one bucket at once (SGLang's ranks as
     they start) then write it together, and left it corrupt in 5-11 of 60 two-process writes; JAX reads such an entry,
     warns and compiles past it at every start, never writing it again (bench/cache_race.py, bench/NOTES.md). Here an
-    entry is written to a file of its own and renamed onto its place, so it is whole or absent. Private: JAX's
-    `LRUCache.put` without a size bound (with one JAX locks its files itself), checked on JAX 0.10.2 and 0.11.2."""
+    entry is written to a file of its own, synced and renamed onto its place, so it is whole or absent. Private: JAX's
+    `LRUCache.put` without a size bound (with one JAX locks its files itself) on a local folder, checked on JAX 0.10.2
+    and 0.11.2; a JAX whose cache differs keeps its own `put`."""
     from jax._src import lru_cache
 
     put = lru_cache.LRUCache.put
-    if getattr(put, "whole", False):
+    known = hasattr(lru_cache, "_is_local_filesystem") and hasattr(lru_cache, "_CACHE_SUFFIX")
+    if getattr(put, "whole", False) or not known or list(inspect.signature(put).parameters) != ["self", "key", "value"]:
         return
 
     def put_whole(self, key: str, value: bytes) -> None:
-        if self.eviction_enabled or not key or not lru_cache._is_local_filesystem(str(self.path)):  # noqa: SLF001
+        folder = str(self.path)
+        if self.eviction_enabled or not key or not lru_cache._is_local_filesystem(folder):  # noqa: SLF001
             return put(self, key, value)
-        entry = os.path.join(str(self.path), f"{key}{lru_cache._CACHE_SUFFIX}")  # noqa: SLF001
+        entry = os.path.join(folder, f"{key}{lru_cache._CACHE_SUFFIX}")  # noqa: SLF001
         if os.path.exists(entry):
             return None
-        part = f"{entry}.{os.getpid()}.{threading.get_ident()}.part"  # not a `*-cache` name: JAX never reads it
+        part = os.path.join(folder, f".{uuid.uuid4().hex}.part")  # short (a key may be ~250 bytes), never read by JAX
         try:
-            with open(part, "wb") as f:  # the user's umask, as JAX's own write
+            with open(part, "xb") as f:  # the user's umask, as JAX's own write
                 f.write(value)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(part, entry)
         except BaseException:
             with contextlib.suppress(OSError):
