@@ -352,9 +352,9 @@ def _reference(
             s = jnp.einsum("qhd,khd->hqk", qi, kj, preferred_element_type=jnp.float32, precision=precision)
             s = jnp.where(same, s * dim**-0.5, -jnp.inf)
             new_top = jnp.maximum(top, s.max(-1))
-            shift = jnp.where(new_top == -jnp.inf, 0, new_top)[..., None]  # no key of the row yet: p and keep are 0
-            p = jnp.exp(s - shift)
-            keep = jnp.exp(top[..., None] - shift)[..., 0]
+            shift = jnp.where(new_top == -jnp.inf, 0, new_top)  # no key of the row yet: p and keep are 0
+            p = jnp.exp(s - shift[..., None])
+            keep = jnp.exp(top - shift)
             pv = jnp.einsum(
                 "hqk,khd->hqd", p.astype(v.dtype), vj, preferred_element_type=jnp.float32, precision=precision
             )
