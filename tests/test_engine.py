@@ -19,6 +19,7 @@ from flax import nnx
 from test_buckets import POLICY
 
 import vitjax
+import vitjax.leftovers
 from vitjax import attention, layout
 from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.encoder import abstract_tower
@@ -467,16 +468,15 @@ def test_compilation_cache_directory(monkeypatch, tmp_path):
         assert enable_compilation_cache() is None
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
         monkeypatch.setenv("VITJAX_CACHE_DIR", str(tmp_path))
-        # part files of entries being written: a killed process's (old) goes, a live writer's and others stay
-        killed, live = tmp_path / f".{'0' * 32}.part", tmp_path / f".{'a' * 32}.part"
-        other = tmp_path / ".users-own.part"
-        for part in (killed, live, other):
-            part.write_bytes(b"x")
-        hour_ago = time.time() - vitjax.engine.STALE_PART_SECONDS - 1
-        os.utime(killed, (hour_ago, hour_ago))
-        os.utime(other, (hour_ago, hour_ago))
+        # part files of entries being written: a killed process's (old) goes; a live writer's and entries stay
+        killed, live, entry = tmp_path / f".{'0' * 32}.part", tmp_path / f".{'a' * 32}.part", tmp_path / "key-cache"
+        for path in (killed, live, entry):
+            path.write_bytes(b"x")
+        hour_ago = time.time() - vitjax.leftovers.STALE_SECONDS - 1
+        for path in (killed, entry):
+            os.utime(path, (hour_ago, hour_ago))
         assert enable_compilation_cache() == str(tmp_path) == jax.config.jax_compilation_cache_dir
-        assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, ".users-own.part"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, entry.name]
         # buckets that compile in under JAX's default second are kept too
         assert jax.config.jax_persistent_cache_min_compile_time_secs == vitjax.engine.CACHE_MIN_COMPILE_SECONDS < 1
         jax.config.update("jax_compilation_cache_dir", "/somewhere/of/the/users")

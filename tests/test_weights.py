@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -257,9 +258,16 @@ def test_convert_writes_whole_or_nothing_and_refuses_what_it_cannot_use(full_mod
         weights.convert(path, tmp_path / "out", progress=False)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "qwen2"]  # nothing half-written, nothing left
+    # staging folders of conversions killed (SIGKILL, out of memory) go at a later one once a day old, not sooner
+    killed, recent = (tmp_path / weights.STAGING_PATTERN.replace("*", tag) for tag in ("dead0000", "busy0000"))
+    for staging in (killed, recent):
+        (staging / weights.ORBAX_PARAMS).mkdir(parents=True)
+    day_ago = time.time() - weights.STALE_STAGING_SECONDS - 1
+    os.utime(killed, (day_ago, day_ago))
     for _ in range(2):  # a conversion, then one over it
         assert cli_main(["convert", str(path), str(tmp_path / "out"), "--quiet"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out", "qwen2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [recent.name, "other", "out", "qwen2"]
+    shutil.rmtree(recent)
     assert vitjax.Encoder.from_pretrained(tmp_path / "out").cfg == cfg
     (tmp_path / "link").symlink_to("out")  # a link to an earlier conversion: its target is replaced, the link stays
     before = (tmp_path / "out" / "config.json").stat().st_ino

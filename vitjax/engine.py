@@ -42,6 +42,7 @@ from vitjax import layout
 from vitjax.attention import Segments, bucket_implementation
 from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.config import VisionConfig
+from vitjax.leftovers import remove_stale
 from vitjax.model import TowerInputs
 from vitjax.row_views import row_views
 
@@ -49,9 +50,8 @@ CACHE_ENV = "VITJAX_CACHE_DIR"
 # JAX persists only programs that took at least this long to compile (its default: 1 s). An 8B bucket compiles in
 # 0.6-1.5 s on an H200, so most were compiled again by every new process; small helper programs stay out.
 CACHE_MIN_COMPILE_SECONDS = 0.2
-# A cache entry's part file older than this is a killed process's and is removed at the next start (a whole
-# entry, tens of MB, is written in under a second).
-STALE_PART_SECONDS = 3600
+# The file a cache entry is written to before its rename: short (a key may be ~250 bytes), never read by JAX.
+PART_PATTERN = ".*.part"
 # Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens), as given
 # when in one of these dtypes, else as float32.
 MAX_CHUNK_ROWS = 2048
@@ -84,8 +84,8 @@ def enable_compilation_cache() -> str | None:
 
     A directory the user configured for JAX is kept, with their settings. Otherwise `$VITJAX_CACHE_DIR`, else
     `~/.cache/vitjax/xla` (under `$XDG_CACHE_HOME` if set), keeping programs that compiled in at least
-    `CACHE_MIN_COMPILE_SECONDS`, each written whole (`whole_cache_writes`, a killed writer's leftovers removed
-    here); `VITJAX_CACHE_DIR=off` disables it.
+    `CACHE_MIN_COMPILE_SECONDS`, each written whole (`whole_cache_writes`; the part files of writers killed
+    meanwhile are removed here); `VITJAX_CACHE_DIR=off` disables it.
     """
     current = jax.config.jax_compilation_cache_dir
     if current:
@@ -98,19 +98,8 @@ def enable_compilation_cache() -> str | None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
     whole_cache_writes()
-    remove_stale_parts(path)
+    remove_stale(path, PART_PATTERN)
     return path
-
-
-def remove_stale_parts(folder: str) -> None:
-    """A process killed while it wrote a cache entry leaves that entry's part file (`whole_cache_writes`), which
-    nothing reads: remove those old enough that no live writer can own them."""
-    cutoff = time.time() - STALE_PART_SECONDS
-    with contextlib.suppress(OSError):
-        for part in Path(folder).glob(f".{'[0-9a-f]' * 32}.part"):
-            with contextlib.suppress(OSError):
-                if part.stat().st_mtime < cutoff:
-                    part.unlink()
 
 
 def whole_cache_writes() -> None:
@@ -134,7 +123,7 @@ def whole_cache_writes() -> None:
         entry = os.path.join(folder, f"{key}{lru_cache._CACHE_SUFFIX}")  # noqa: SLF001
         if os.path.exists(entry):
             return None
-        part = os.path.join(folder, f".{uuid.uuid4().hex}.part")  # short (a key may be ~250 bytes), never read by JAX
+        part = os.path.join(folder, PART_PATTERN.replace("*", uuid.uuid4().hex))
         try:
             with open(part, "xb") as f:  # the user's umask, as JAX's own write
                 f.write(value)

@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from vitjax.config import VisionConfig
+from vitjax.leftovers import remove_stale
 
 PREFIXES = ("model.visual.", "visual.")
 # Tensors under these prefixes are a vision tower of another model family: refuse rather than misload.
@@ -32,6 +33,10 @@ BUFFERS = ("rotary_pos_emb.inv_freq", "rotary_pos_emb.original_inv_freq")
 SAFETENSORS_FLOATS = ("F16", "BF16", "F32", "F64")
 INDEX_FILE = "model.safetensors.index.json"
 ORBAX_PARAMS = "params"
+# A conversion is staged in a folder beside its output, renamed into place once whole. One a killed process left is
+# removed by a later conversion there once this old (a conversion may wait hours on the hub for its weights).
+STAGING_PATTERN = ".vitjax-convert-*.partial"
+STALE_STAGING_SECONDS = 24 * 3600
 
 Params = dict[str, Any]
 
@@ -383,9 +388,11 @@ def convert(hf_dir: str | Path, out_dir: str | Path, progress: bool = True) -> P
     if not out.parent.is_dir():
         raise CheckpointError(f"{out.parent}: no such folder")
     cfg = VisionConfig.from_hf(source)
+    remove_stale(out.parent, STAGING_PATTERN, STALE_STAGING_SECONDS)
     tag = uuid.uuid4().hex[:8]
     # Short fixed names: one built from `out`'s would pass the 255-byte limit on a file name before `out` does.
-    staging, old = out.parent / f".vitjax-convert-{tag}.partial", out.parent / f".vitjax-convert-{tag}.old"
+    staging = out.parent / STAGING_PATTERN.replace("*", tag)
+    old = out.parent / f".vitjax-convert-{tag}.old"
     staging.mkdir()  # before any tensor is read: the folder must be writable (and the umask sets its mode)
     try:
         params = load_hf(hub.model_folder(hf_dir, progress=progress).absolute(), cfg, progress=progress)
