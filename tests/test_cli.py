@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import vitjax
-from vitjax import cli
+from vitjax import cli, leftovers
 from vitjax.buckets import FIT_GRANULE
 from vitjax.cli import main as cli_main
 from vitjax.config import PRESETS
@@ -59,6 +60,7 @@ def test_version_and_help(capsys):
         "1  some inputs failed",
         "2  usage",
         "3  the run",
+        "129, 130, 143",
         "qwen3-vl-235b-a22b",
     ):
         assert fragment in text
@@ -113,6 +115,8 @@ def test_unknown_preset_and_model_paths_are_one_line(config_only, tmp_path, caps
     out = str(tmp_path / "out.safetensors")
     code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "qwen3-vl-9b", "-o", out)
     assert code == 2 and "--random-init qwen3-vl-9b: unknown preset 'qwen3-vl-9b'; choose one of" in one_error_line(err)
+    code, _, err = run(capsys, str(PHOTOS[0]), "--random-init", "", "-o", out)  # named, if empty: no --model then
+    assert code == 2 and "--random-init : unknown preset ''; choose one of" in one_error_line(err)
     code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(tmp_path / "nowhere"), "-o", out)
     assert code == 2 and f"--model {tmp_path / 'nowhere'}: no such directory" in one_error_line(err)
     code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(PHOTOS[0]), "-o", out)  # a file, not a checkpoint
@@ -152,7 +156,7 @@ def test_output_that_is_an_input_is_refused(config_only, tmp_path, capsys):
     assert photo.read_bytes() == PHOTOS[0].read_bytes() and [p.name for p in tmp_path.iterdir()] == ["photos"]
 
 
-def test_output_that_is_the_files_list_or_a_model_file_is_refused(config_only, tmp_path, capsys):
+def test_output_that_is_the_files_list_or_a_model_file_is_refused(config_only, tmp_path, capsys, monkeypatch):
     """The weights are in memory by the time the output is renamed into place: it must not replace one of their
     files, nor the --files-from list."""
     model = tmp_path / "model"
@@ -163,6 +167,18 @@ def test_output_that_is_the_files_list_or_a_model_file_is_refused(config_only, t
         code, stdout, err = run(capsys, "--files-from", str(listed), "--model", str(model), "-o", str(output))
         assert code == 2 and not stdout
         assert one_error_line(err) == f"vitjax: error: -o {output}: is {what}; write the output elsewhere"
+    # `--files-from - < list.txt -o list.txt`: standard input is that file
+    kept = os.dup(0)
+    with open(listed, "rb") as stdin, monkeypatch.context() as m:
+        os.dup2(stdin.fileno(), 0)
+        m.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+        try:
+            code, stdout, err = run(capsys, "--files-from", "-", "--model", str(model), "-o", str(listed))
+        finally:
+            os.dup2(kept, 0)
+            os.close(kept)
+    assert code == 2 and not stdout
+    assert one_error_line(err) == f"vitjax: error: -o {listed}: is --files-from -; write the output elsewhere"
     assert (
         listed.read_text() == f"{PHOTOS[0]}\n"
         and (model / "config.json").read_bytes() == (config_only / "config.json").read_bytes()
@@ -192,7 +208,26 @@ def test_output_naming_a_folder_or_a_special_file_is_refused(config_only, tmp_pa
         code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", output)
         assert code == 2 and one_error_line(err) == f"vitjax: error: -o {output}: exists and is not a regular file"
     assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    output = str(tmp_path / ("e" * 300 + ".safetensors"))  # past the 255-byte limit on a file name
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", output)
+    assert code == 2 and one_error_line(err) == f"vitjax: error: -o {output}: File name too long"
     assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_temporary_files_of_killed_runs_are_removed(config_only, tmp_path, capsys):
+    """SIGKILL or the OOM killer skips every cleanup: a later run into the folder removes the temporary files such
+    runs left (an hour old), not one a live run may be writing, nor other files."""
+    names = [f"{cli.TEMP_PREFIX}{'0' * 32}.tmp", f"{cli.TEMP_PREFIX}abcd1234.probe", f"{cli.TEMP_PREFIX}{'a' * 32}.tmp"]
+    *killed, live = (tmp_path / name for name in names)
+    other = tmp_path / "old.safetensors"
+    for path in (*killed, live, other):
+        path.write_bytes(b"x")
+        if path is not live:
+            hour_ago = time.time() - leftovers.STALE_SECONDS - 1
+            os.utime(path, (hour_ago, hour_ago))
+    code, _, err = run(capsys, str(PHOTOS[0]), "--model", str(config_only), "-o", str(other), "--fit-granule", "3")
+    assert code == 2 and "--fit-granule 3" in one_error_line(err)  # refused after the output's check
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
 def test_long_output_name_is_written(checkpoint, tmp_path, capsys):
@@ -524,6 +559,75 @@ def test_an_interrupt_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_encode", interrupted)
     assert cli_main(["encode", "x.jpg", "--random-init", "qwen3-vl-2b", "-o", "out.safetensors"]) == 130
     assert capsys.readouterr().err == "vitjax: interrupted\n"
+
+
+def test_a_hang_up_stops_a_run_as_sigterm_does_unless_it_was_ignored(monkeypatch, capsys):
+    """SIGHUP (the terminal or ssh session closed) is cleaned up and reported as SIGTERM is; under `nohup`, which
+    starts the process ignoring it, the run goes on. The handlers that were there are put back."""
+
+    def hung_up(args):
+        os.kill(os.getpid(), signal.SIGHUP)
+        return 0
+
+    monkeypatch.setattr(cli, "_encode", hung_up)
+    argv = ["encode", "x.jpg", "--random-init", "qwen3-vl-2b", "-o", "out.safetensors"]
+    before = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)
+    assert cli_main(argv) == 128 + signal.SIGHUP and capsys.readouterr().err == "vitjax: hung up\n"
+    assert (signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)) == before
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert cli_main(argv) == 0 and capsys.readouterr().err == ""
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before[0])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_whose_exception_python_drops_still_stops_the_run(checkpoint, tmp_path, capsys, monkeypatch, signum):
+    """A signal that comes while a `__del__` runs (tqdm's bar, JAX's arrays) raises there, and Python drops that
+    exception: the run still stops before it writes, with the signal's status (it used to write and exit 0)."""
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+
+    class Collected:
+        def __del__(self):
+            os.kill(os.getpid(), signum)
+
+    encode = cli._run_encoder
+
+    def encode_then_collect(*args, **kwargs):
+        result = encode(*args, **kwargs)
+        Collected()  # collected at once
+        return result
+
+    monkeypatch.setattr(cli, "_run_encoder", encode_then_collect)
+    out = tmp_path / "out.safetensors"
+    code, _, err = run(
+        capsys, str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out)
+    )
+    stopped = KeyboardInterrupt if signum == signal.SIGINT else cli.Terminated
+    assert [type(d.exc_value) for d in dropped] == [stopped]
+    assert code == 128 + signum and err.endswith("interrupted\n" if signum == signal.SIGINT else "terminated\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_standard_output_costs_only_the_summary(checkpoint, tmp_path):
+    """`--summary json` into a pipe whose reader has left: the output is written all the same, and the status (1)
+    and one line say what was lost (it was status 3 and "nothing was written", after a traceback)."""
+    out = tmp_path / "out.safetensors"
+    argv = [str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out), "--summary",
+            "json", "-q"]  # fmt: skip
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "vitjax.cli", "encode", *argv], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "nothing was written" not in proc.stderr
+    assert proc.stderr.endswith("vitjax: error: the summary was not printed: standard output is closed\n")
+    assert set(load_file(out)) == {"0.embeds", "0.deepstack"}
 
 
 def test_a_failure_of_the_run_itself_is_status_3_with_its_traceback(monkeypatch, capsys):

@@ -23,6 +23,7 @@ from vitjax.buckets import FIT_GRANULE, BucketPolicy
 from vitjax.config import PRESETS, VisionConfig
 from vitjax.hub import model_folder
 from vitjax.images import ImageInputError, expand_inputs, path_error
+from vitjax.leftovers import remove_stale
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
@@ -37,11 +38,13 @@ EPILOG = """examples:
 
 EXIT_CODES = """exit status:
   0  every input was encoded and written
-  1  some inputs failed (each is named on stderr; the others are written), or the output could not be written
+  1  some inputs failed (each is named on stderr; the others are written), the output could not be written, or
+     the --summary json line could not be (standard output closed; the output is written)
   2  usage: a bad option or setting, an unknown preset, an unreadable --model, an output folder that is
      missing or not writable; nothing is encoded
   3  the run itself failed (out of memory, a defect: the traceback is on stderr); nothing was written
-  130, 143  interrupted (Ctrl-C) or terminated (SIGTERM); nothing half-written is left"""
+  129, 130, 143
+     hung up (SIGHUP), interrupted (Ctrl-C) or terminated (SIGTERM); nothing half-written is left"""
 
 
 # Of the probe and temporary files beside the output: fixed and short, as one built from the output's name would pass
@@ -59,12 +62,34 @@ class UsageError(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM (a scheduler, `timeout`, `docker stop`), raised where the program is so that the cleanup of
-    partial outputs runs as for Ctrl-C."""
+    """SIGTERM (a scheduler, `timeout`, `docker stop`) or SIGHUP (the terminal or ssh session closed), raised where
+    the program is so that the cleanup of partial outputs runs as for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
+# Signals that stop a run, each cleaned up as Ctrl-C is; one the process was started ignoring (`nohup`, a shell's
+# background job) stays ignored.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_stop_signals: list[int] = []  # received since `main` began
+
+
+def _stopped(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    _stop_signals.append(signum)
+    raise _stopped(signum)
+
+
+def _check_stop_signals() -> None:
+    """Raise for a stop signal whose exception Python dropped: one that came while a `__del__` or a garbage
+    collector's callback ran (tqdm's bar, JAX's arrays) is printed as ignored, and the run went on."""
+    if _stop_signals:
+        raise _stopped(_stop_signals[0])
 
 
 def _device_count(text: str) -> int | str:
@@ -105,7 +130,7 @@ def _inputs(args: argparse.Namespace) -> list[str | Path]:
 
 def _config(args: argparse.Namespace) -> VisionConfig:
     """The tower's config, read without building the model: from the preset or --model's config.json."""
-    if args.random_init:
+    if args.random_init is not None:
         try:
             args.random_init = VisionConfig.preset_name(args.random_init)  # so the output records the preset's name
         except ValueError as e:
@@ -148,19 +173,20 @@ def _settings(args: argparse.Namespace, cfg: VisionConfig) -> EncodeSettings:
 
 
 def _check_output(output: str) -> Path:
-    """The output path, once a file could be created in its folder (a real probe: permissions, read-only
-    file systems and full quotas all show here)."""
+    """The output path, once a file could be created in its folder (a real probe: permissions and read-only file
+    systems show here; a full disk shows only when the output is written, which keeps an earlier output)."""
     out = Path(output)
-    if out.is_symlink():  # the file it names is replaced, and the link stays (as `vitjax convert` does)
-        try:
+    try:
+        if out.is_symlink():  # the file it names is replaced, and the link stays (as `vitjax convert` does)
             out = out.resolve()
-        except (RuntimeError, OSError) as e:  # a loop of links (RuntimeError before Python 3.13)
-            raise UsageError(f"-o {output}: {e}") from e
-    if out.is_dir():
+        kind = "folder" if out.is_dir() else "file" if out.is_file() else "other" if out.exists() else None
+    except (RuntimeError, OSError) as e:  # a loop of links (RuntimeError before Python 3.13), a name too long
+        raise UsageError(f"-o {output}: {getattr(e, 'strerror', None) or e}") from e
+    if kind == "folder":
         raise UsageError(f"-o {output}: is a directory")
     if os.path.basename(output) in ("", ".", ".."):  # "new/" or "new/.": Path would drop the ending, and write "new"
         raise UsageError(f"-o {output}: names a folder; give a file name")
-    if out.exists() and not out.is_file():  # a device or a FIFO would be replaced by the rename
+    if kind == "other":  # a device or a FIFO would be replaced by the rename
         raise UsageError(f"-o {output}: exists and is not a regular file")
     folder = out.parent
     if not folder.is_dir():
@@ -170,6 +196,8 @@ def _check_output(output: str) -> Path:
             pass
     except OSError as e:
         raise UsageError(f"-o {output}: cannot create files in {folder} ({e.strerror or e})") from e
+    for suffix in (".tmp", ".probe"):  # those of runs killed (SIGKILL, out of memory) before they removed them
+        remove_stale(folder, f"{TEMP_PREFIX}*{suffix}")
     return out
 
 
@@ -181,13 +209,13 @@ def _check_not_an_input(args: argparse.Namespace, out: Path, items: list[tuple[s
     except OSError:  # no file yet: it is none of the inputs
         return
     named = [(f"the input {name}", source) for name, source in items]
-    if args.files_from not in (None, "-"):
-        named.append((f"--files-from {args.files_from}", args.files_from))
+    if args.files_from is not None:  # "-": whatever standard input (file descriptor 0) was redirected from
+        named.append((f"--files-from {args.files_from}", 0 if args.files_from == "-" else args.files_from))
     if args.model:
         named += [(f"a file of --model {args.model}", p) for p in Path(args.model).rglob("*") if p.is_file()]
     for what, source in named:
         try:
-            same = isinstance(source, (str, os.PathLike)) and os.path.samestat(os.stat(source), written)
+            same = isinstance(source, (str, os.PathLike, int)) and os.path.samestat(os.stat(source), written)
         except (OSError, ValueError):  # missing or no path: reported as an input error
             continue
         if same:
@@ -307,6 +335,7 @@ def _encode(args: argparse.Namespace) -> int:
             "fps": FPS if settings.fps is None and settings.num_frames is None else settings.fps,  # what sampled
             "num_frames": settings.num_frames,
         }
+        _check_stop_signals()
         try:
             _write_atomic(out, _tensors(results), {"vitjax": json.dumps(meta)})
         except (OSError, SafetensorError) as e:
@@ -328,7 +357,12 @@ def _encode(args: argparse.Namespace) -> int:
         }
         if write_error:
             summary["error"] = write_error
-        print(json.dumps(summary))
+        try:
+            print(json.dumps(summary), flush=True)
+        except BrokenPipeError:  # its reader left (`| head`); the output is written all the same
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+            print("vitjax: error: the summary was not printed: standard output is closed", file=sys.stderr)
+            return 1
     return 0 if written == len(results) else 1
 
 
@@ -394,6 +428,7 @@ def _run_encoder(
     results, held = [], []
     with tqdm(total=len(sources), desc="encoding", unit="input", disable=args.quiet) as bar:
         for start in range(0, len(sources) + size, size):
+            _check_stop_signals()
             chunk = enc.encode(sources[start : start + size], progress=bar, **options) if start < len(sources) else []
             for res in held:  # the chunk before, to the host once this one is dispatched
                 if isinstance(res, ImageInputError):
@@ -540,12 +575,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (argparse's own errors and --help/--version included)."""
-    # A signal handler can only be set from the main thread; elsewhere SIGTERM keeps its default.
+    # A signal handler can only be set from the main thread; elsewhere the signals keep theirs.
     handler = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if handler else None
+    stops = [s for s in STOP_SIGNALS if handler and signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, _on_stop_signal) for s in stops}
+    _stop_signals.clear()
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        status = args.func(args)
+        _check_stop_signals()
+        return status
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     except UsageError as e:
@@ -554,16 +593,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # outputs are written whole or not at all (no traceback to show)
         print("vitjax: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
-        print("vitjax: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except Terminated as e:
+        print(f"vitjax: {'hung up' if e.signum == signal.SIGHUP else 'terminated'}", file=sys.stderr)
+        return 128 + e.signum
     except Exception:  # not an input's fault, so not status 1: the machine's (memory) or ours
         traceback.print_exc()
         print("vitjax: error: the run failed (above); nothing was written", file=sys.stderr)
         return 3
     finally:
-        if handler:  # None: a handler not set from Python, which cannot be put back; the default then
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for s, before in previous.items():  # None: a handler not set from Python, which cannot be put back
+            signal.signal(s, signal.SIG_DFL if before is None else before)
 
 
 if __name__ == "__main__":
