@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from flax import nnx
 from test_buckets import POLICY
 
 import vitjax
+import vitjax.encoder
 import vitjax.leftovers
 from vitjax import attention, layout
 from vitjax.buckets import Bucket, BucketPolicy
@@ -569,3 +571,91 @@ def test_a_warm_up_for_dali_compiles_both_pixel_dtypes_of_buckets_given_once():
     enc.warmup((b for b in [Bucket(64, 1)]), run=False)
     dtypes = sorted(key[1].name for key in enc.parallel.engines[0]._executables)
     assert dtypes == ["bfloat16", "float32"] and enc.parallel.compiles == 2
+
+
+def _returned_within(call, seconds: float) -> list:
+    """`[call()]`, or [] where it has not returned after `seconds` (left waiting on a daemon thread)."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return out
+
+
+def test_an_interrupt_anywhere_in_a_compile_leaves_no_bucket_compiling(monkeypatch):
+    """Ctrl-C lands between any two lines. Wherever it lands in `Engine.executable` before its cleanup, no bucket is
+    left marked as compiling: one was, where it landed just past the compile, and every later call needing that
+    bucket waited on it forever."""
+    engine = _random_encoder().parallel.engines[0]
+    monkeypatch.setattr(engine, "_compile", lambda *key: f"compiled {key[0].tokens}")
+    code = vitjax.engine.Engine.executable.__code__
+    source, first = inspect.getsourcelines(vitjax.engine.Engine.executable)
+    cleanup = first + next((i for i, text in enumerate(source) if text.strip().startswith("finally:")), len(source))
+    interrupted = []
+    for line in sorted({line for *_, line in code.co_lines() if line is not None and first < line < cleanup}):
+        engine._executables.clear()
+
+        def trace(frame, event, arg, line=line):
+            if event == "line" and frame.f_lineno == line and line not in interrupted:
+                interrupted.append(line)
+                raise KeyboardInterrupt
+            return trace
+
+        sys.settrace(lambda frame, event, arg: trace if frame.f_code is code else None)
+        try:
+            engine.executable(Bucket(64, 8))
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert engine._building == {}, line
+        assert _returned_within(lambda: engine.executable(Bucket(64, 8)), 10) == ["compiled 64"], line
+    assert len(interrupted) >= 8  # the lines a first call runs
+
+
+def test_a_call_waiting_on_an_interrupted_compile_compiles_the_bucket_itself(monkeypatch):
+    """Ctrl-C reaches the main thread only: a request on another thread that waits on the main thread's compile of
+    its bucket compiles it itself. It was handed the main thread's KeyboardInterrupt, failing a request nobody
+    interrupted (and one that a server's `except Exception` does not catch)."""
+    engine = _random_encoder().parallel.engines[0]
+    key = (Bucket(64, 8), np.dtype(np.float32), 0)
+    caller, results = threading.current_thread(), []
+    other = threading.Thread(target=lambda: results.append(engine.executable(Bucket(64, 8))), daemon=True)
+
+    def compile_(*args):
+        if threading.current_thread() is not caller:
+            return "compiled by the waiting call"
+        other.start()
+        while not engine._building[key]._condition._waiters:  # until the other call waits on this compile
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "_compile", compile_)
+    with pytest.raises(KeyboardInterrupt):
+        engine.executable(Bucket(64, 8))
+    other.join(10)
+    assert results == ["compiled by the waiting call"] and engine.compiles == 1 and engine._building == {}
+
+
+def test_a_second_interrupt_while_an_encode_stops_still_gives_up_its_claims(monkeypatch):
+    """After Ctrl-C an encode waits (seconds, on a GPU) for its dispatch thread before giving up its images' claims;
+    a second Ctrl-C in that wait left them pending, and every later encode of those images waited forever."""
+    enc = _random_encoder()
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)
+
+    class Dispatcher(ThreadPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            super().shutdown(wait, cancel_futures=cancel_futures)
+            if cancel_futures:  # the encode is stopping
+                raise KeyboardInterrupt("the second")
+
+    def first(*args):
+        raise KeyboardInterrupt("the first")
+
+    with monkeypatch.context() as m:
+        m.setattr(vitjax.encoder, "ThreadPoolExecutor", Dispatcher)
+        m.setattr(enc, "_dispatch", first)
+        with pytest.raises(KeyboardInterrupt, match="the second"):
+            enc.encode([image], min_pixels=64 * 64)
+    (out,) = _returned_within(lambda: enc.encode([image], min_pixels=64 * 64), 60)[0]
+    assert out.grid_thw == (1, 4, 4) and enc.images_encoded == 1

@@ -249,26 +249,36 @@ class Engine:
             fitting = self._fitting.get(key)
         if fitting is not None and (compiled := self._take_up(key, fitting)) is not None:
             return compiled
-        with self._fit_lock:
-            if (compiled := self._executables.get(key)) is not None:
-                return compiled
-            waiting = key in self._building
-            building = self._building.setdefault(key, concurrent.futures.Future())
-        if waiting:
-            return building.result()
+        mine = concurrent.futures.Future()
         try:
+            while True:
+                with self._fit_lock:
+                    if (compiled := self._executables.get(key)) is not None:
+                        return compiled
+                    building = self._building.setdefault(key, mine)
+                if building is mine:
+                    break
+                try:
+                    return building.result()
+                except BaseException as e:
+                    # The compiling call was interrupted (Ctrl-C, raised in the main thread): not this call's failure,
+                    # so this one compiles. An error, or this call's own interrupt, is raised.
+                    if isinstance(e, Exception) or not building.done() or building.exception() is not e:
+                        raise
             compiled = self._compile(*key)
-        except BaseException as e:  # the waiting calls get the same error; the next call tries again
             with self._fit_lock:
-                del self._building[key]
-            building.set_exception(e)
+                self._executables[key] = compiled
+                self.compiles += 1
+            mine.set_result(compiled)
+            return compiled
+        except BaseException as e:  # calls waiting get the same error (an interrupt: they compile); later ones retry
+            if not mine.done():
+                mine.set_exception(e)
             raise
-        with self._fit_lock:
-            self._executables[key] = compiled
-            self.compiles += 1
-            del self._building[key]
-        building.set_result(compiled)
-        return compiled
+        finally:  # also where an interrupt came between two steps: a key left building would hang every later call
+            with self._fit_lock:
+                if self._building.get(key) is mine:
+                    del self._building[key]
 
     def _take_up(self, key: tuple, fitting: concurrent.futures.Future) -> jax.stages.Compiled | None:
         """A fitted bucket a warm-up names, compiling in the background: that compile, waited for and kept as the
