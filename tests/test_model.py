@@ -300,6 +300,10 @@ def test_bad_shapes_are_rejected(loaded):
     # t*h*w past int64 used to wrap to 16 rows and pass, then fail allocating (MemoryError)
     with pytest.raises(ValueError, match=r"but grid_thw needs \[36893488147419103248, 1536\]"):
         enc.encode_patches(x, np.array([[2**61 + 1, 2, 8]]))
+    # no numbers, or not real ones: complex pixels lost their imaginary part, strings failed converting unnamed
+    for bad in (x.astype(np.complex64), x > 0, x.astype(str), x.astype(object)):
+        with pytest.raises(ValueError, match=rf"pixel_values: dtype {bad.dtype}: need real numbers"):
+            enc.encode_patches(bad, np.array([[1, 4, 4]]))
 
 
 def test_apply_rotary_appends_extra_columns():

@@ -191,7 +191,12 @@ class Encoder:
         return sum(x.size for x in jax.tree.leaves(self._state))
 
     def check_inputs(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> list[layout.Grid]:
-        """Validate shapes before anything reaches the device; return the grids as tuples."""
+        """Validate dtype and shapes before anything reaches the device; return the grids as tuples."""
+        dtype = np.dtype(pixel_values.dtype)
+        if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+            raise ValueError(
+                f"pixel_values: dtype {dtype}: need real numbers (floats or integers, as HF's processors give)"
+            )
         return layout.check_patches(pixel_values.shape, grid_thw, self.cfg.patch_dim, self.cfg.spatial_merge_size)
 
     def warmup(
@@ -328,9 +333,12 @@ class Encoder:
                 # The dispatch thread stops first (a call it has begun ends, queued ones are dropped): then no key is
                 # settled under us. Claims still pending are given up (whoever waits on them must not wait forever);
                 # a key this call settled, which another caller may have claimed again since, is left to that caller.
-                dispatcher.shutdown(wait=True, cancel_futures=True)
-                for key, claim in claimed.items():
-                    self.cache.abandon(key, RuntimeError(f"the encode computing this image failed: {e!r}"), claim)
+                # The wait can take seconds: a second Ctrl-C there must not leave the claims pending forever.
+                try:
+                    dispatcher.shutdown(wait=True, cancel_futures=True)
+                finally:
+                    for key, claim in claimed.items():
+                        self.cache.abandon(key, RuntimeError(f"the encode computing this image failed: {e!r}"), claim)
                 raise
             keys = [None if isinstance(e, ImageInputError) else (self.model_id, *pipe.cache_key(e)) for e in outcome]
         results: list[Encoded | ImageInputError] = []
