@@ -162,9 +162,8 @@ class JaxVisionTower(nn.Module):
             pixels = dlpack.to_jax(pixel_values) if on_device else dlpack.to_numpy(pixel_values)
             start = time.perf_counter()
             outs = encoder.encode_patches(pixels, grid)  # checks grid and row count first, names what is wrong
-            self.calls += 1
-            self.items += len(outs)
             if not outs:
+                self.calls += 1
                 return torch.empty((0, self.out_hidden_size), device=self.device, dtype=self.dtype)
             # Each output views its call's padded output. The features are copied into one tensor of their own
             # rows, by torch (a JAX concatenation compiles once per combination of sizes): SGLang's cache sees a
@@ -172,6 +171,8 @@ class JaxVisionTower(nn.Module):
             # on several devices leaves each image's features where it ran: they are gathered on the tower's.
             parts = [dlpack.to_torch(out).to(self.device) for out in outs]
             features = parts[0].clone() if len(parts) == 1 else torch.cat(parts)
+            self.calls += 1  # once the features exist: a call that failed on the way (out of memory) is not counted
+            self.items += len(outs)
             if trace := os.environ.get(backend.TRACE_ENV):
                 record = {"pid": os.getpid(), "grid_thw": grid.tolist(), "seconds": time.perf_counter() - start}
                 try:

@@ -43,6 +43,23 @@ def test_tower_equals_hf_on_images_and_a_video(tiny):
     assert (tower.calls, tower.items) == (2, 2 * len(GRIDS))
 
 
+def test_a_call_that_fails_after_the_tower_ran_is_not_counted(tiny, monkeypatch):
+    """Copying the features out can still fail (CUDA out of memory): that call was not served, so not counted."""
+    cfg, _, path = tiny
+    tower = bridge.JaxVisionTower(vitjax.Encoder.from_pretrained(path, dtype="float32"))
+
+    def out_of_memory(array):
+        raise torch.OutOfMemoryError("CUDA out of memory copying the features")
+
+    with monkeypatch.context() as m:
+        m.setattr(bridge.tower.dlpack, "to_torch", out_of_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            tower(torch.from_numpy(pixels_for(GRIDS, cfg)), torch.tensor(GRIDS))
+    assert (tower.calls, tower.items) == (0, 0)
+    tower(torch.from_numpy(pixels_for(GRIDS, cfg)), torch.tensor(GRIDS))
+    assert (tower.calls, tower.items) == (1, len(GRIDS))
+
+
 def test_features_own_their_memory_and_no_combination_of_sizes_compiles(tiny, monkeypatch, request):
     """The features are a tensor of their own (SGLang's cache counts a tensor's own bytes: a view of a call's padded
     output would keep all of it alive uncounted), made without a JAX program per combination of image sizes."""
