@@ -132,8 +132,10 @@ def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str
 
 def _data_uri_bytes(uri: str) -> bytes:
     header, sep, payload = uri.partition(",")
-    if not sep or not header.replace(" ", "").lower().endswith(";base64"):  # as HF reads the flag
+    if not sep:
         raise ValueError("malformed data URI: expected 'data:<mime type>;base64,<payload>'")
+    # The payload is base64 with or without the ";base64" flag, as HF's `load_image` and SGLang's loader read it (a
+    # percent-encoded one, which the flag's absence means in RFC 2397, then fails as not base64).
     try:  # whitespace is dropped first: MIME base64 breaks lines every 76 characters, and HF reads it
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as e:
