@@ -272,13 +272,17 @@ class Engine:
             mine.set_result(compiled)
             return compiled
         except BaseException as e:  # calls waiting get the same error (an interrupt: they compile); later ones retry
+            self._built(key, mine)  # first: a waiting call that compiles must not find this compile still there
             if not mine.done():
                 mine.set_exception(e)
             raise
         finally:  # also where an interrupt came between two steps: a key left building would hang every later call
-            with self._fit_lock:
-                if self._building.get(key) is mine:
-                    del self._building[key]
+            self._built(key, mine)
+
+    def _built(self, key: tuple, building: concurrent.futures.Future) -> None:
+        with self._fit_lock:
+            if self._building.get(key) is building:
+                del self._building[key]
 
     def _take_up(self, key: tuple, fitting: concurrent.futures.Future) -> jax.stages.Compiled | None:
         """A fitted bucket a warm-up names, compiling in the background: that compile, waited for and kept as the
