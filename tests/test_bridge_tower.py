@@ -163,6 +163,17 @@ def test_a_later_load_updates_the_given_tensors_in_place(tiny):
     with pytest.raises(CheckpointError, match=r"update: tensor merger\.norm\.bias has shape \[3\]"):
         tower.load([("merger.norm.bias", np.zeros(3, np.float32))], where="update")
     assert torch.equal(tower(pixels, grids), after)
+    # As stock SGLang updates its own tower (which took the server down before): a name the tower lacks is skipped
+    # with a warning, and a tensor sent twice takes its last value.
+    norm = other["merger.norm.weight"].numpy()
+    sent = [
+        ("model.visual.blocks.0.extra.weight", np.zeros(3, np.float32)),
+        ("model.visual.merger.norm.weight", np.zeros_like(norm)),
+        ("model.visual.merger.norm.weight", norm),
+    ]
+    with pytest.warns(UserWarning, match=r"^update: tensor model\.visual\.blocks\.0\.extra\.weight is none of the "):
+        tower.load(sent, where="update")
+    assert torch.equal(tower(pixels, grids), after)
 
 
 def test_tower_rejects_bad_weights_and_bad_calls_by_name(tiny):

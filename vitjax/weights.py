@@ -10,6 +10,7 @@ import json
 import shutil
 import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -179,7 +180,9 @@ def _visual_keys(files: list[Path]) -> list[tuple[Path, str, str]]:
 class _Assembler:
     """Places HF-named vision tensors into the nested parameter dict, strictly: every unexpected,
     repeated or mis-shaped tensor is an error naming it and `where` it came from. Into a copy of a whole
-    tower's parameters (`base`), it is an update: tensors not given keep their values."""
+    tower's parameters (`base`), it is an update: tensors not given keep their values, and it updates as SGLang's own
+    loader does (a server's weight update must not fail where stock SGLang's succeeds): a name the tower lacks is
+    skipped with a warning, a tensor given twice takes its last value; a mis-shaped one is still an error."""
 
     def __init__(self, cfg: VisionConfig, prefix: str, base: Params | None = None):
         self.cfg, self.prefix = cfg, prefix
@@ -193,9 +196,12 @@ class _Assembler:
         if name in BUFFERS:
             return
         key, target = self.prefix + name, self.table.get(name)
+        if target is None and self.update:
+            warnings.warn(f"{where}: tensor {key} is none of the {self.cfg.depth}-block tower's; skipped", stacklevel=4)
+            return
         if target is None:
             raise CheckpointError(f"{where}: unexpected tensor {key} for a {self.cfg.depth}-block tower")
-        if name in self.seen:
+        if name in self.seen and not self.update:
             raise CheckpointError(f"{where}: tensor {key} appears twice")
         if shape != target.shape:
             raise CheckpointError(f"{where}: tensor {key} has shape {list(shape)}, expected {list(target.shape)}")
@@ -249,7 +255,8 @@ def from_named_arrays(
 ) -> Params:
     """The tower from (HF name, array) pairs, e.g. a serving framework's weight iterator: names carry the
     `model.visual.` or `visual.` prefix (or none); the checks are `load_hf`'s. With `base` (a whole tower's
-    parameters, written into) the pairs are an update and may be any of the tensors."""
+    parameters, written into) the pairs are an update and may be any of the tensors (`_Assembler` says how an
+    update is checked)."""
     assembler: _Assembler | None = None
     for key, value in tensors:
         prefix = next((p for p in PREFIXES if key.startswith(p)), "")

@@ -108,9 +108,9 @@ class _VitjaxTower:
 
         result = super().load_weights(language(weights))
         if visual or self.visual.encoder is None:  # SGLang's weight updates may carry the language model only
-            self.visual.load(
-                visual, where=f"{self._vitjax_model_id} (SGLang's weight iterator)", model_id=self._vitjax_model_id
-            )
+            what = "a weight update of " if self.visual.encoder is not None else ""
+            where = f"{what}{self._vitjax_model_id} (SGLang's weight iterator)"
+            self.visual.load(visual, where=where, model_id=self._vitjax_model_id)
         return result
 
     def precompile_kernels_after_loading(self) -> None:
