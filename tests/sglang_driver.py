@@ -68,6 +68,7 @@ def main(spec_file: str, out_file: str) -> None:
                 scale = request.get("scale", 1.0)
                 renamed = request.get("as", {})  # checkpoint name -> the name the update sends it under
                 named = [(renamed.get(name, name), saved[name] * scale) for name in request["update_weights"]]
+                named += [(sent, saved[name] * scale) for sent, name in request.get("also", [])]  # (sent as, tensor)
                 steps = [
                     engine.begin_weight_update(),
                     engine.update_weights_from_tensor(named),

@@ -42,13 +42,19 @@ REQUESTS = [
 ]
 # Weight updates, then an image not seen before: one of the language model only (as RL trainers push them, here
 # its own values), one of two vision tensors, changed (the tower updates them in place; stock SGLang its own), and
-# one under SGLang's own parameter name beside a checkpoint name (both prefixes in one update, as stock accepts).
+# one under SGLang's own parameter name beside a checkpoint name (both prefixes in one update, as stock accepts),
+# with a tensor sent twice and one under a name no tower has (stock skips it with a warning; the bridge's server
+# used to stop on either).
 AFTER_UPDATE = [
     {"update_weights": ["model.language_model.norm.weight", "lm_head.weight"]},
     {"update_weights": ["model.visual.blocks.1.mlp.linear_fc1.weight", "model.visual.merger.norm.bias"], "scale": 3},
     {
         "update_weights": ["model.visual.blocks.0.attn.qkv.weight", "model.visual.blocks.0.attn.qkv.bias"],
         "as": {"model.visual.blocks.0.attn.qkv.weight": "visual.blocks.0.attn.qkv_proj.weight"},
+        "also": [
+            ["model.visual.blocks.0.attn.qkv.bias", "model.visual.blocks.0.attn.qkv.bias"],
+            ["model.visual.blocks.0.extra.weight", "model.visual.merger.norm.bias"],
+        ],
         "scale": 2,
     },
     {"prompt": user_prompt(1, "Describe."), "images": [str(IMAGES / "camera.png")]},
