@@ -561,7 +561,19 @@ def test_an_interrupt_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "vitjax: interrupted\n"
 
 
-def test_a_hang_up_stops_a_run_as_sigterm_does_unless_it_was_ignored(monkeypatch, capsys):
+@pytest.fixture
+def terminal_signals():
+    """SIGINT and SIGHUP as a command started from a terminal gets them (a test run started in the background or
+    under `nohup` passes them on ignored, and a run keeps what it was started ignoring); put back after."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    for s, handler in before.items():
+        signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def test_a_hang_up_stops_a_run_as_sigterm_does_unless_it_was_ignored(monkeypatch, capsys, terminal_signals):
     """SIGHUP (the terminal or ssh session closed) is cleaned up and reported as SIGTERM is; under `nohup`, which
     starts the process ignoring it, the run goes on. The handlers that were there are put back."""
 
@@ -575,15 +587,14 @@ def test_a_hang_up_stops_a_run_as_sigterm_does_unless_it_was_ignored(monkeypatch
     assert cli_main(argv) == 128 + signal.SIGHUP and capsys.readouterr().err == "vitjax: hung up\n"
     assert (signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)) == before
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        assert cli_main(argv) == 0 and capsys.readouterr().err == ""
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGHUP, before[0])
+    assert cli_main(argv) == 0 and capsys.readouterr().err == ""
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_whose_exception_python_drops_still_stops_the_run(checkpoint, tmp_path, capsys, monkeypatch, signum):
+def test_a_signal_whose_exception_python_drops_still_stops_the_run(
+    checkpoint, tmp_path, capsys, monkeypatch, signum, terminal_signals
+):
     """A signal that comes while a `__del__` runs (tqdm's bar, JAX's arrays) raises there, and Python drops that
     exception: the run still stops before it writes, with the signal's status (it used to write and exit 0)."""
     dropped = []
