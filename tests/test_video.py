@@ -331,6 +331,26 @@ def test_a_file_that_starts_between_keyframes_equals_hf(tmp_path, sampling):
     assert_same(preprocess_video(cut, **sampling), hf_on_path(cut, **sampling))
 
 
+@pytest.mark.parametrize("sampling", [{"num_frames": 9}, {"fps": 7.0}])
+def test_a_file_whose_frame_times_come_out_shuffled_gives_its_frames_in_order(tmp_path, sampling):
+    """H.264 with B-frames in AVI: AVI stores no presentation times, so FFmpeg guesses them from the decode order
+    and the decoded frames come out with shuffled times. Picking by time took wrong frames (0, 3, 9, 13, ... for
+    0, 5, 10, 15, ...; torchcodec, and so HF, take other wrong ones); frame i is the i-th the decoder gives."""
+    path = tmp_path / "b-frames.avi"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=25, options={"bf": "3", "g": "12"})
+        stream.height, stream.width, stream.pix_fmt = 176, 256, "yuv420p"
+        for frame in panned_clip(40, step=3):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    times = [f.pts for f in frames]
+    assert len(frames) == 40 and times != sorted(times)  # the file is what this test is about
+    in_order = np.stack([f.to_ndarray(format="rgb24") for f in frames])
+    assert_same(preprocess_video(path, **sampling), preprocess_video(Video(in_order, video_fps=25.0, **sampling)))
+
+
 def test_container_without_frame_count(tmp_path):
     """WebM does not store a frame count (HF's PyAV reader fails on it); vitjax counts the packets, as torchcodec
     does for HF's processor, and samples as HF does given the true count and rate."""

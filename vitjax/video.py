@@ -7,9 +7,10 @@ reads them, which is torchcodec in `seek_mode="exact"` (`transformers.video_util
 reads videos with torchcodec too): the best video stream; its frames are its packets, less those an edit list cuts,
 in presentation order; the rate is their count over their span of time (the stream's r_frame_rate if that is
 zero); a frame sampled twice comes twice; frames are converted with `to_ndarray(format="rgb24")` and turned upright
-by the stream's display matrix (a phone's portrait video). On MP4, MKV and WebM (what the tests hold it to) the
-frames are the ones HF and SGLang get; where torchcodec mistimes frames (B-frames in AVI or MPEG-PS on FFmpeg 5.1,
-seen), vitjax's may be the right ones and HF's not.
+by the stream's display matrix (a phone's portrait video). On MP4, MKV, MOV, FLV and WebM (what the tests hold it
+to) the frames are the ones HF and SGLang get. Where torchcodec mistimes frames (B-frames in AVI, MPEG-PS or MPEG-TS on
+FFmpeg 5.1, seen) vitjax takes the frames in presentation order and HF others; where the frames' own times come out
+shuffled (H.264 with B-frames in AVI), frame i is the i-th decoded (`_shuffled_times`).
 PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only when a file is decoded.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +42,9 @@ from vitjax.images import (
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
 # The frame rate HF assumes when asked to sample by fps without knowing the video's own.
 DEFAULT_VIDEO_FPS = 24.0
+# Frames decoded at the start of a file to tell whether their times were shuffled by reordering (`_shuffled_times`):
+# H.264 reorders at most 16.
+REORDER_WINDOW = 32
 
 
 class VideoInputError(ImageInputError):
@@ -240,9 +245,11 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
             ]
             times = [(pts, duration) for pts, duration in times if pts is not None]
             container.seek(0)
-            first = next(container.decode(stream), None) if times else None
+            decoded = container.decode(stream)
+            first = next(decoded, None) if times else None
             if first is None:
                 raise VideoInputError(name, "video stream has no frames")
+            by_count = _shuffled_times(stream, [pts for pts, _ in times], first, decoded)
             turns = _quarter_turns(_rotation(first))
             # read while the file is open: the stream's fields live in FFmpeg's memory, freed when it closes
             unit, base_rate = stream.time_base.numerator / stream.time_base.denominator, stream.base_rate
@@ -262,7 +269,7 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
     starts = sorted(pts for pts, _ in times)  # frame i is the first decoded at or after starts[i]
 
     def frames() -> Iterator[np.ndarray]:
-        yield from _decode(av, path, name, wanted, starts, size, turns)
+        yield from _decode(av, path, name, wanted, None if by_count else starts, len(starts), size, turns)
 
     def digest() -> str:
         h = hashlib.sha256()  # the file's own sha256, as `sha256sum` gives it (and DALI's items)
@@ -272,6 +279,23 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         return h.hexdigest()
 
     return Clip(len(wanted), *(size[::-1] if turns % 2 else size), frames, digest)
+
+
+def _shuffled_times(stream, packet_times: list[int], first, decoded: Iterator) -> bool:
+    """Whether the frames' times mean nothing, so that frame i is the i-th decoded. A decoder gives its frames in
+    presentation order; a codec that reorders frames (B-frames) has its packets' times out of order. Where they are
+    in order anyway (H.264 with B-frames in AVI, whose times FFmpeg guesses from the decode order) the frames come out
+    with shuffled times, and picking by time took wrong frames (torchcodec takes wrong ones too). Seen in the first
+    `REORDER_WINDOW` frames decoded."""
+    if not stream.codec_context.has_b_frames or any(b <= a for a, b in itertools.pairwise(packet_times)):
+        return False
+    seen = [_time(f) for f in [first, *itertools.islice(decoded, REORDER_WINDOW - 1)]]
+    seen = [t for t in seen if t is not None]
+    return any(b < a for a, b in itertools.pairwise(seen))
+
+
+def _time(frame) -> int | None:
+    return frame.pts if frame.pts is not None else frame.dts
 
 
 def _rotation(frame) -> float | None:
@@ -299,26 +323,35 @@ def _quarter_turns(degrees: float | None) -> int:
 
 
 def _decode(
-    av, path: Path, name: str, wanted: list[int], starts: list[int], size: tuple[int, int], turns: int
+    av,
+    path: Path,
+    name: str,
+    wanted: list[int],
+    starts: list[int] | None,
+    count: int,
+    size: tuple[int, int],
+    turns: int,
 ) -> Iterator[np.ndarray]:
     """Frames `wanted` (sorted indices, repeats included), turned upright, picked as torchcodec picks them: for the
     index after the last one taken, the next frame decoded; else the first decoded at or after the index's time,
     decoding again from the start where that time is not past the last frame taken (torchcodec seeks back there).
     They differ from the i-th decoded frames only where a stream decodes fewer frames than it has packets (one
-    that starts between keyframes)."""
-    got = 0
+    that starts between keyframes). Without `starts` (times that mean nothing), the i-th decoded frames."""
+    got, position = 0, 0  # frames taken; frames decoded
     try:
         with av.open(os.fspath(path)) as container:
             stream = container.streams.best("video")
             stream.thread_type = "AUTO"  # frame threads: the same frames, decoded on several cores
             decoded, last, last_at = container.decode(stream), None, None
             for index, times in sorted(collections.Counter(wanted).items()):
-                start = None if last is not None and index == last + 1 else starts[index]
+                start = None if starts is None or (last is not None and index == last + 1) else starts[index]
                 if start is not None and last_at is not None and start <= last_at:
                     container.seek(0)
                     decoded = container.decode(stream)
                 for frame in decoded:
-                    at = frame.pts if frame.pts is not None else frame.dts
+                    at, position = _time(frame), position + 1
+                    if starts is None and position - 1 < index:
+                        continue
                     if start is None or (at is not None and at >= start):
                         break
                 else:
@@ -334,6 +367,4 @@ def _decode(
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     if got < len(wanted):
-        raise VideoInputError(
-            name, f"decoded {got} of the {len(wanted)} frames sampled (the file has {len(starts)} frames)"
-        )
+        raise VideoInputError(name, f"decoded {got} of the {len(wanted)} frames sampled (the file has {count} frames)")
