@@ -92,9 +92,11 @@ def panned_clip(frames: int, height: int = 176, width: int = 256, step: int = 5)
     return np.stack([photo[i * step // 2 : i * step // 2 + height, i * step : i * step + width] for i in range(frames)])
 
 
-def write_clip(path: Path, frames: np.ndarray, rate: int = 15, codec: str = "libx264") -> Path:
+def write_clip(
+    path: Path, frames: np.ndarray, rate: int = 15, codec: str = "libx264", options: dict | None = None
+) -> Path:
     with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=rate)
+        stream = container.add_stream(codec, rate=rate, options=options or {})
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "yuv420p"
         for frame in frames:
@@ -314,12 +316,7 @@ def test_a_file_that_starts_between_keyframes_equals_hf(tmp_path, sampling):
     takes, for a sampled time before the first keyframe, the first frame that decodes, again and again; picking the
     i-th decoded frame instead gave other frames, and too few ("decoded 3 of the 5 frames sampled")."""
     whole, cut = tmp_path / "whole.mkv", tmp_path / "cut.mkv"
-    with av.open(str(whole), "w") as container:
-        stream = container.add_stream("libx264", rate=25, options={"bf": "0", "g": "25"})
-        stream.height, stream.width, stream.pix_fmt = 176, 256, "yuv420p"
-        for frame in panned_clip(75, step=3):
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
+    write_clip(whole, panned_clip(75, step=3), rate=25, options={"bf": "0", "g": "25"})
     with av.open(str(whole)) as source, av.open(str(cut), "w") as out:
         copy = out.add_stream_from_template(source.streams.video[0])
         packets = [p for p in source.demux(video=0) if p.size]
@@ -336,13 +333,7 @@ def test_a_file_whose_frame_times_come_out_shuffled_gives_its_frames_in_order(tm
     """H.264 with B-frames in AVI: AVI stores no presentation times, so FFmpeg guesses them from the decode order
     and the decoded frames come out with shuffled times. Picking by time took wrong frames (0, 3, 9, 13, ... for
     0, 5, 10, 15, ...; torchcodec, and so HF, take other wrong ones); frame i is the i-th the decoder gives."""
-    path = tmp_path / "b-frames.avi"
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=25, options={"bf": "3", "g": "12"})
-        stream.height, stream.width, stream.pix_fmt = 176, 256, "yuv420p"
-        for frame in panned_clip(40, step=3):
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
+    path = write_clip(tmp_path / "b-frames.avi", panned_clip(40, step=3), rate=25, options={"bf": "3", "g": "12"})
     with av.open(str(path)) as container:
         frames = list(container.decode(video=0))
     times = [f.pts for f in frames]
