@@ -4,7 +4,9 @@ The workload: a clip made from a shipped photograph, panned (H.264, yuv420p, 30 
 1920x1080, sampled at HF's default 2 frames per second (processor defaults, per-frame cap on). HF: its
 `load_video(backend="pyav")` with the processor's `sample_frames`, then the processor (torchvision's resize on
 the CPU). vitjax: `preprocess_video(path)` (decode with PyAV's frame threads, resize each temporal group as it
-is decoded with `vitjax.resize`). Both produce the same rows (checked here, bit for bit); times are medians.
+is decoded with `vitjax.resize`: PyTorch's kernel where installed and exact, as here). `vitjax_numpy_resize` is the
+same with the numpy repetition of that kernel (the path without PyTorch, and the only one before 2026-11-28). All
+produce the same rows (checked here, bit for bit); times are medians.
 
     PYTHONPATH=. python bench/bench_video.py --out bench/results
 """
@@ -26,6 +28,7 @@ import numpy as np
 from bench_vit import median_time
 from PIL import Image
 
+from vitjax import resize
 from vitjax.preprocess import preprocess_video
 
 PHOTO = Path(__file__).resolve().parents[1] / "tests" / "data" / "images" / "astronaut.jpg"
@@ -60,6 +63,7 @@ def main() -> None:
     meta = {"device": args.device, "machine": platform.machine(), "date": datetime.date.today().isoformat()}
     meta["run"] = datetime.datetime.now().isoformat(timespec="seconds")
     meta.update(code_revision.revision())
+    meta["torch_resize"] = resize.torch_is_exact()
     for name in ("numpy", "av", "torch", "torchvision", "transformers"):
         meta[name] = md.version(name)
     processor = Qwen3VLVideoProcessor(cap_pixels_per_frame=True)
@@ -79,15 +83,24 @@ def main() -> None:
             def hf_all():
                 return processor(videos=[hf_decode()], do_sample_frames=False, return_tensors="np")
 
+            def numpy_resize(clip=clip):
+                saved, resize._torch_checked = resize._torch_checked, False
+                try:
+                    return preprocess_video(clip)
+                finally:
+                    resize._torch_checked = saved
+
             ours, grid = preprocess_video(clip)
             ref = hf_process()
             assert np.array_equal(ours, ref["pixel_values_videos"]) and np.array_equal(grid, ref["video_grid_thw"])
+            assert np.array_equal(numpy_resize()[0], ours)
             workload = f"{args.seconds:g}s {width}x{height} h264 30fps, {len(frames)} frames sampled"
             for impl, part, fn in (
                 ("hf", "decode", hf_decode),
                 ("hf", "process", hf_process),
                 ("hf", "end_to_end", hf_all),
                 ("vitjax", "end_to_end", lambda clip=clip: preprocess_video(clip)),
+                ("vitjax_numpy_resize", "end_to_end", numpy_resize),
             ):
                 seconds, times = median_time(fn, args.reps)
                 ms, times = seconds * 1e3, [t * 1e3 for t in times]
@@ -98,7 +111,7 @@ def main() -> None:
     with (args.out / f"cpu-video-{meta['date']}.jsonl").open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     for r in rows:
-        print(f"{r['workload']:45} {r['impl']:7} {r['part']:11} {r['ms']:9.1f} ms")
+        print(f"{r['workload']:45} {r['impl']:19} {r['part']:11} {r['ms']:9.1f} ms")
 
 
 if __name__ == "__main__":

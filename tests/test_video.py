@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import tracemalloc
 from fractions import Fraction
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from transformers.video_utils import VideoMetadata, load_video
 
 import vitjax
 import vitjax.settings
+from vitjax import resize
 from vitjax.cli import main as cli_main
 from vitjax.preprocess import preprocess_video, video_resized_size
 from vitjax.resize import resize_bicubic
@@ -120,7 +123,39 @@ def test_resize_equals_torchvision_bit_for_bit():
             frames = np.asarray(Image.fromarray(photo).resize((w, h), Image.Resampling.BILINEAR))[None]
         tensor = torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2)))
         ref = tvF.resize(tensor, [out_h, out_w], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
-        np.testing.assert_array_equal(resize_bicubic(frames, out_h, out_w), ref.numpy().transpose(0, 2, 3, 1))
+        ref = ref.numpy().transpose(0, 2, 3, 1)
+        np.testing.assert_array_equal(resize.numpy_bicubic(frames, out_h, out_w), ref)
+        np.testing.assert_array_equal(resize_bicubic(frames, out_h, out_w), ref)
+    assert resize.torch_is_exact()  # the tests' PyTorch has the uint8 kernel: resize_bicubic ran it above
+
+
+def test_numpy_resize_of_a_large_photo_works_in_bounded_memory():
+    """A 12 MP frame's lines go through the float64 products a chunk at a time: the whole frame in float64 alone
+    would be 290 MB (the first form's peak was ~600 MB)."""
+    frame = noise_clip(1, 3024, 4032)[0]
+    tracemalloc.start()
+    try:
+        small = resize.numpy_bicubic(frame, 960, 1280)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 120 * 2**20, f"peak {peak / 2**20:.0f} MB"
+    tensor = torch.from_numpy(np.ascontiguousarray(frame.transpose(2, 0, 1)))
+    ref = tvF.resize(tensor, [960, 1280], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
+    np.testing.assert_array_equal(small, ref.numpy().transpose(1, 2, 0))
+
+
+@pytest.mark.parametrize("torch_kind", ["missing", "other numbers"])
+def test_resize_uses_the_numpy_repetition_where_torch_would_differ(monkeypatch, torch_kind):
+    frames = noise_clip(2, 45, 70, seed=5)
+    expected = resize.numpy_bicubic(frames, 32, 96)
+    monkeypatch.setattr(resize, "_torch_checked", None)
+    if torch_kind == "missing":
+        monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    else:  # a PyTorch whose kernel rounds otherwise (before 2.1 uint8 frames were resized in float)
+        monkeypatch.setattr(resize, "torch_bicubic", lambda f, h, w: resize.numpy_bicubic(f, h, w) ^ 1)
+    assert not resize.torch_is_exact()
+    np.testing.assert_array_equal(resize_bicubic(frames, 32, 96), expected)
 
 
 # --- sampling and sizes --------------------------------------------------------------------------------------
