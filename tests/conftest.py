@@ -21,6 +21,7 @@ import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.image_utils import PILImageResampling
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
@@ -66,9 +67,13 @@ MAX_PIXELS = 128 * 128 * 4  # keeps the CPU tower small in encode tests; the pre
 GRIDS = [(1, 6, 8), (2, 4, 10), (1, 2, 2), (1, 12, 4)]
 
 
-def make_hf(patch: int = 16, min_pixels: int = 65536, max_pixels: int = 16777216) -> Qwen2VLImageProcessorPil:
-    """HF's image processor as Qwen3-VL ships it, built locally (nothing from a hub)."""
-    return Qwen2VLImageProcessorPil(
+def make_hf(
+    patch: int = 16, min_pixels: int = 65536, max_pixels: int = 16777216, backend: str = "pil"
+) -> Qwen2VLImageProcessorPil | Qwen2VLImageProcessor:
+    """HF's image processor as Qwen3-VL ships it, built locally (nothing from a hub): the PIL one, or with
+    `backend="torchvision"` the one `AutoProcessor` builds."""
+    processor = Qwen2VLImageProcessorPil if backend == "pil" else Qwen2VLImageProcessor
+    return processor(
         patch_size=patch,
         merge_size=2,
         temporal_patch_size=2,

@@ -8,7 +8,9 @@ point (at most 1 level apart inside the image) and clamps at the borders where P
 normalization; measured 5), mean <= 0.25 level (0.002; measured <= 0.011 level on photos, 0.23 on a 7x5 image
 upscaled 45x, which is all border); fp32 tower outputs' cosine similarity >= 0.9999 (measured >= 0.999997 on
 photos, 0.99996 on the 7x5 image). A high-contrast border (a 1-pixel black frame on white, shrunk) is the one
-exception measured: up to 22 levels there, mean <= 0.3 level, cosine still >= 0.9999.
+exception measured: up to 22 levels there, mean <= 0.3 level, cosine still >= 0.9999. With
+image_processor_backend="torchvision" DALI resizes width first (PyTorch's order) and normalizes by that processor's
+table, against whose rows the same bounds hold.
 """
 
 from __future__ import annotations
@@ -72,9 +74,11 @@ def enc():
     return vitjax.Encoder.random(TINY["hd64"], dtype="float32", cache_bytes=0)
 
 
-def dali_rows(rows: DaliRows, inputs: dict[str, object], max_pixels: int) -> tuple[list, np.ndarray, list]:
-    cfg = rows.cfg
-    with Pipeline(cfg, min_pixels=MIN_PIXELS, max_pixels=max_pixels, pixel_dtype=np.float32, dali=rows) as pipe:
+def dali_rows(
+    rows: DaliRows, inputs: dict[str, object], max_pixels: int, backend: str = "pil"
+) -> tuple[list, np.ndarray, list]:
+    options = {"min_pixels": MIN_PIXELS, "max_pixels": max_pixels, "pixel_dtype": np.float32, "dali": rows}
+    with Pipeline(rows.cfg, **options, image_processor_backend=backend) as pipe:
         items = list(pipe.prepare(list(inputs.items())))
         pixels, errors = pipe.fill(items)
     return items, pixels, errors
@@ -96,15 +100,22 @@ def test_first_pass_is_pillows_order():
     assert decided > 100  # most cases resize both axes, so the order is really tested
 
 
-@pytest.mark.parametrize("max_pixels", [MAX_PIXELS, SMALL])
-def test_rows_match_pil(rows, max_pixels):
-    items, pixels, errors = dali_rows(rows, CASES, max_pixels)
+def test_first_pass_is_pytorchs_order_for_the_torchvision_backend():
+    """PyTorch resizes the width first whatever the sizes (`vitjax.resize`, tested against torchvision), also where
+    Pillow 13 would shrink the height first."""
+    assert first_pass((3000, 100), (32, 96), "torchvision") == (3000, 96)
+    assert first_pass((100, 3000), (96, 32), "torchvision") == (100, 32)
+
+
+@pytest.mark.parametrize(("max_pixels", "backend"), [(MAX_PIXELS, "pil"), (SMALL, "pil"), (SMALL, "torchvision")])
+def test_rows_match_pil(rows, max_pixels, backend):
+    items, pixels, errors = dali_rows(rows, CASES, max_pixels, backend)
     assert errors == [None] * len(CASES)
     start = 0
     for (name, data), item in zip(CASES.items(), items, strict=True):
         got = pixels[start : start + item.tokens]
         start += item.tokens
-        ref, grid = preprocess_image(data, MIN_PIXELS, max_pixels)
+        ref, grid = preprocess_image(data, MIN_PIXELS, max_pixels, backend=backend)
         assert item.grid == tuple(grid[0]), name
         diff = np.abs(got - ref)
         if name.endswith(".png"):  # routed to PIL: its pixels pass through DALI untouched

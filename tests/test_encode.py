@@ -48,8 +48,8 @@ def test_a_callers_progress_bar_advances_once_an_input(enc, capsys):
         assert "3/3" in text.getvalue() and capsys.readouterr().err == ""
 
 
-def hf_pixels(path: Path, max_pixels: int = MAX_PIXELS):
-    out = make_hf(max_pixels=max_pixels)(images=[Image.open(path)], return_tensors="np")
+def hf_pixels(path: Path, max_pixels: int = MAX_PIXELS, backend: str = "pil"):
+    out = make_hf(max_pixels=max_pixels, backend=backend)(images=[Image.open(path)], return_tensors="np")
     return out["pixel_values"], out["image_grid_thw"]
 
 
@@ -65,6 +65,25 @@ def test_encode_equals_encode_patches_on_hf_pixels(enc):
         assert deep.shape == (2, ref.shape[0], width)
         for k in range(2):
             np.testing.assert_allclose(deep[k], ref[:, width * (k + 1) : width * (k + 2)], rtol=1e-5, atol=1e-5)
+
+
+def test_the_torchvision_backend_encodes_hf_torchvision_rows_and_is_cached_apart(enc):
+    """Embeddings of the rows `AutoProcessor`'s (and SGLang's default) image processor gives; an image encoded with
+    both backends is two cache entries, whichever comes first."""
+    paths = [str(p) for p in PHOTOS[:2]]
+    pil = enc.encode(paths, max_pixels=MAX_PIXELS)
+    torchvision = enc.encode(paths, max_pixels=MAX_PIXELS, image_processor_backend="torchvision")
+    assert enc.images_encoded == 4
+    for path, res, other in zip(PHOTOS[:2], torchvision, pil, strict=True):
+        pixels, grid = hf_pixels(path, backend="torchvision")
+        ref = np.asarray(enc.encode_patches(pixels, grid)[0])
+        assert res.grid_thw == other.grid_thw == tuple(grid[0])
+        np.testing.assert_allclose(np.asarray(res.features), ref, rtol=1e-5, atol=1e-5)
+        assert np.abs(np.asarray(res.embeds) - np.asarray(other.embeds)).max() > 1e-3  # other rows, other output
+    again = enc.encode(paths[::-1], max_pixels=MAX_PIXELS, image_processor_backend="torchvision")
+    assert enc.images_encoded == 4
+    for hit, res in zip(again, torchvision[::-1], strict=True):  # from the cache: the torchvision rows' outputs
+        np.testing.assert_array_equal(np.asarray(hit.features), np.asarray(res.features))
 
 
 def test_a_caller_may_rewrite_its_pixel_array_once_encode_patches_returns(enc):
@@ -444,6 +463,22 @@ def test_cli_encode_end_to_end(checkpoint, tmp_path, capsys):
         deep = tensors[f"{i}.deepstack"]
         np.testing.assert_allclose(deep.transpose(1, 0, 2).reshape(len(ref), -1), ref[:, width:], rtol=1e-5, atol=1e-5)
     assert "3.embeds" not in tensors
+
+
+def test_cli_image_processor_backend(checkpoint, tmp_path, capsys):
+    out = tmp_path / "tv.safetensors"
+    args = ["encode", str(PHOTOS[0]), "--model", str(checkpoint), "--dtype", "float32", "--max-pixels", str(MAX_PIXELS)]
+    assert cli_main([*args, "--image-processor-backend", "torchvision", "-o", str(out), "--quiet"]) == 0
+    with safe_open(out, "np") as f:
+        meta = json.loads(f.metadata()["vitjax"])
+    assert meta["image_processor_backend"] == "torchvision"
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32")
+    pixels, grid = hf_pixels(PHOTOS[0], backend="torchvision")
+    ref = np.asarray(enc.encode_patches(pixels, grid)[0])
+    np.testing.assert_allclose(load_file(out)["0.embeds"], ref[:, : enc.cfg.out_hidden_size], rtol=1e-5, atol=1e-5)
+    capsys.readouterr()
+    code = cli_main([*args, "--image-processor-backend", "fast", "-o", str(tmp_path / "x.safetensors")])
+    assert code == 2 and "--image-processor-backend: invalid choice: 'fast'" in capsys.readouterr().err
 
 
 def test_cli_random_init_says_so(tmp_path, capsys):

@@ -1,9 +1,11 @@
-"""vitjax.preprocess is bit-exact with HF transformers' Qwen2VLImageProcessorPil as Qwen3-VL configures it."""
+"""vitjax.preprocess is bit-exact with HF transformers' Qwen2VLImageProcessorPil as Qwen3-VL configures it, and with
+its torchvision processor (`Qwen2VLImageProcessor`, what `AutoProcessor` builds) under backend="torchvision"."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import random
 from pathlib import Path
 
@@ -12,8 +14,10 @@ import numpy as np
 import pytest
 from conftest import PHOTOS, make_hf
 from PIL import Image, ImageOps
+from transformers import AutoImageProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
 from vitjax.images import ImageInputError
 from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image, smart_resize
@@ -24,8 +28,13 @@ def hf() -> Qwen2VLImageProcessorPil:
     return make_hf()
 
 
-def run_hf(processor: Qwen2VLImageProcessorPil, image: object) -> tuple[np.ndarray, np.ndarray]:
-    out = processor(images=image)
+@pytest.fixture(scope="module")
+def hf_torchvision() -> Qwen2VLImageProcessor:
+    return make_hf(backend="torchvision")
+
+
+def run_hf(processor: Qwen2VLImageProcessorPil | Qwen2VLImageProcessor, image: object) -> tuple[np.ndarray, np.ndarray]:
+    out = processor(images=image, return_tensors="np")
     return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
 
 
@@ -397,3 +406,71 @@ def test_out_buffer_receives_the_same_rows():
     half = np.empty(ref.shape, ml_dtypes.bfloat16)
     preprocess_image(image, out=half)
     np.testing.assert_array_equal(half, ref.astype(ml_dtypes.bfloat16))
+
+
+# --- the torchvision processor (backend="torchvision") -------------------------------------------------------
+
+
+def test_the_processor_a_released_checkpoint_loads_is_the_torchvision_one(tmp_path, hf_torchvision):
+    """Qwen3-VL's released preprocessor_config.json (every size) names `Qwen2VLImageProcessorFast`: `AutoProcessor`
+    in transformers 5, and SGLang (`--image-processor-backend auto` passes no backend), load the torchvision
+    processor from it, whose rows backend="torchvision" gives and the default does not."""
+    config = {
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor",
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+    }
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    loaded = AutoImageProcessor.from_pretrained(tmp_path)
+    assert type(loaded) is Qwen2VLImageProcessor and loaded.backend == "torchvision"
+    image = photo()  # 451 x 300: resized to 448 x 288
+    ref = run_hf(loaded, image)
+    assert_same(ref, run_hf(hf_torchvision, image))
+    assert_same(preprocess_image(image, backend="torchvision"), ref)
+    pil = preprocess_image(image)
+    levels = np.abs(pil[0] - ref[0]) * 127.5
+    assert levels.max() == pytest.approx(2, abs=1e-4) and (levels > 0.5).mean() > 0.1  # another resize's rows
+
+
+@pytest.mark.parametrize("path", PHOTOS, ids=lambda p: p.name)
+def test_photo_matches_hf_torchvision(hf_torchvision, path):
+    """Given the image `load_image` gives (HF's torchvision processor decodes a path itself, with torchvision:
+    no EXIF orientation and alpha dropped; SGLang hands it PIL images)."""
+    assert_same(preprocess_image(path, backend="torchvision"), run_hf(hf_torchvision, Image.open(path)))
+
+
+@pytest.mark.parametrize(("width", "height"), [(5, 7), (123, 77), (1001, 333), (3, 500), (33, 1000), (5000, 3000)])
+def test_odd_sizes_match_hf_torchvision(hf_torchvision, width, height):
+    image = noise(width, height)
+    assert_same(preprocess_image(image, backend="torchvision"), run_hf(hf_torchvision, image))
+
+
+def test_torchvision_backend_honours_the_bounds_and_geometry():
+    image = noise(1500, 1100, seed=4)
+    ours = preprocess_image(image, max_pixels=200_000, backend="torchvision")
+    assert_same(ours, run_hf(make_hf(max_pixels=200_000, backend="torchvision"), image))
+    pv, thw = preprocess_image(image, 4096, 1_000_000, patch_size=14, backend="torchvision")
+    ref_pv, ref_thw = run_hf(make_hf(patch=14, min_pixels=4096, max_pixels=1_000_000, backend="torchvision"), image)
+    np.testing.assert_array_equal(thw, ref_thw)
+    assert np.array_equal(pv.view(np.uint32), ref_pv.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["png_la", "png_palette", "png_16bit", "jpg_cmyk", "webp_rgba"])
+def test_formats_match_hf_torchvision(hf_torchvision, tmp_path, kind):
+    path, _ = _write(kind, tmp_path)
+    assert_same(preprocess_image(path, backend="torchvision"), run_hf(hf_torchvision, Image.open(path)))
+
+
+def test_torchvision_backend_writes_out_buffers_and_refuses_other_backends(tmp_path):
+    image = noise(90, 70, seed=5)
+    ref, _ = preprocess_image(image, backend="torchvision")
+    half = np.empty(ref.shape, ml_dtypes.bfloat16)
+    preprocess_image(image, out=half, backend="torchvision")
+    np.testing.assert_array_equal(half, ref.astype(ml_dtypes.bfloat16))
+    with pytest.raises(ValueError, match=r"backend must be one of 'pil', 'torchvision' .* got 'fast'"):
+        preprocess_image(tmp_path / "never-read.png", backend="fast")  # refused before the input is read

@@ -47,6 +47,11 @@ def untouched():
         ({"errors": "ignore"}, "errors", "must be one of 'raise', 'return'"),
         ({"progress": "yes"}, "progress", "must be True, False or a tqdm bar"),
         ({"decoder": "nvjpeg"}, "decoder", "must be one of 'auto', 'pil', 'dali'"),
+        (
+            {"image_processor_backend": "fast"},
+            "image_processor_backend",
+            "must be one of 'pil', 'torchvision' (HF's image processors)",
+        ),
         ({"num_frames": 0}, "num_frames", "must be an integer from 2 (one temporal patch) to 768 (HF's max_frames)"),
         ({"num_frames": 1}, "num_frames", "must be an integer from 2 (one temporal patch)"),  # would fail every video
         ({"num_frames": 10**9}, "num_frames", "must be an integer from 2 (one temporal patch) to 768"),

@@ -25,7 +25,7 @@ from vitjax.hub import model_folder
 from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.leftovers import remove_stale
 from vitjax.pipeline import DECODERS
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
+from vitjax.preprocess import IMAGE_PROCESSOR_BACKENDS, MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import BATCH_TOKENS, PIXEL_LIMIT, EncodeSettings, SettingError
 from vitjax.video import FPS, MAX_FRAMES, is_video_path
 
@@ -161,6 +161,7 @@ def _settings(args: argparse.Namespace, cfg: VisionConfig) -> EncodeSettings:
         video_max_pixels=args.video_max_pixels,
         fps=args.fps,
         num_frames=args.num_frames,
+        image_processor_backend=args.image_processor_backend,
     )
     try:
         return settings.checked(cfg)
@@ -330,6 +331,7 @@ def _encode(args: argparse.Namespace) -> int:
             "min_pixels": settings.min_pixels,
             "max_pixels": settings.max_pixels,
             "decoder": decoder,
+            "image_processor_backend": settings.image_processor_backend,
             "video_min_pixels": settings.video_min_pixels,
             "video_max_pixels": settings.video_max_pixels,
             "fps": FPS if settings.fps is None and settings.num_frames is None else settings.fps,  # what sampled
@@ -421,6 +423,7 @@ def _run_encoder(
         video_max_pixels=settings.video_max_pixels,
         fps=settings.fps,
         num_frames=settings.num_frames,
+        image_processor_backend=settings.image_processor_backend,
     )
     videos = any(is_video_path(source) for source in sources)
     tokens = settings.largest_patches(cfg, videos, settings.num_frames or MAX_FRAMES) // cfg.merge_unit
@@ -535,6 +538,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="pil: HF-exact on the CPU; dali: NVIDIA DALI (nvJPEG on a GPU); auto: dali on a GPU when DALI is "
         "installed, else pil (default: %(default)s)",
+    )
+    enc.add_argument(
+        "--image-processor-backend",
+        choices=IMAGE_PROCESSOR_BACKENDS,
+        default="pil",
+        help="the HF image processor whose pixel rows images get: pil (Qwen2VLImageProcessorPil) or torchvision "
+        "(Qwen2VLImageProcessor, what AutoProcessor and SGLang build by default) (default: %(default)s)",
     )
     video = enc.add_argument_group("videos (decoded with PyAV: pip install 'vitjax[video]')")
     video.add_argument(

@@ -9,7 +9,9 @@ two one-axis passes in Pillow's order with uint8 between them, as Pillow does ->
 order (reshape, transpose, the frame repeated over the temporal axis) -> rescale and normalize by the same
 256-entry table as `vitjax.preprocess` (exact per uint8 level). Only the resize differs from PIL's: DALI filters in
 float where Pillow uses 22-bit fixed point (at most 1 level apart inside the image), and DALI clamps at the borders
-where Pillow renormalizes the cut kernel (a few levels apart in the outer 2-3 pixels, more on noise).
+where Pillow renormalizes the cut kernel (a few levels apart in the outer 2-3 pixels, more on noise). A sample of
+the "torchvision" image processor backend is resized width first, as PyTorch does, and normalized by that
+processor's table (`vitjax.preprocess`), with the same kind of differences from its rows.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 import PIL
 
 from vitjax.config import VisionConfig
-from vitjax.preprocess import normalized_table
+from vitjax.preprocess import TABLES
 
 # DALI's default share of a batch for the hardware JPEG decoder (the rest goes to nvJPEG's CUDA decoder).
 HW_DECODER_LOAD = 0.65
@@ -42,11 +44,12 @@ def available() -> bool:
         return False
 
 
-def first_pass(decoded: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
-    """(height, width) after Pillow's first resize pass from `decoded` to `size` (checked against the installed
-    Pillow in the tests): the height when it shrinks by more than twice as many pixels as the width, else the width."""
+def first_pass(decoded: tuple[int, int], size: tuple[int, int], backend: str = "pil") -> tuple[int, int]:
+    """(height, width) after the first resize pass from `decoded` to `size`: PyTorch's ("torchvision") is the width;
+    Pillow's (checked against the installed Pillow in the tests) the height when it shrinks by more than twice as
+    many pixels as the width, else the width."""
     (height, width), (out_h, out_w) = decoded, size
-    if _PILLOW_VERTICAL_FIRST and out_h < height and height - out_h > 2 * (width - out_w):
+    if backend == "pil" and _PILLOW_VERTICAL_FIRST and out_h < height and height - out_h > 2 * (width - out_w):
         return out_h, width
     return height, out_w
 
@@ -58,12 +61,13 @@ class Sample:
     data: np.ndarray  # uint8 [n]: a JPEG, or a PPM of pixels PIL already decoded and resized
     decoded: tuple[int, int]  # (height, width)
     size: tuple[int, int]  # (height, width), multiples of patch_size * merge_size
+    backend: str = "pil"  # the image processor whose resize order and normalization the rows follow
 
     @classmethod
-    def of_pixels(cls, rgb: bytes, height: int, width: int) -> Sample:
+    def of_pixels(cls, rgb: bytes, height: int, width: int, backend: str = "pil") -> Sample:
         """Pixels already decoded and resized (RGB, row-major): a PPM, which DALI's decode and resize leave as is."""
         data = np.frombuffer(f"P6 {width} {height} 255\n".encode() + rgb, np.uint8)
-        return cls(data, (height, width), (height, width))
+        return cls(data, (height, width), (height, width), backend)
 
 
 class DaliRows:
@@ -114,13 +118,14 @@ class DaliRows:
         pipe = self._pipeline(len(samples))
         sizes = [s.size for s in samples]
         pipe.feed_input("data", [s.data for s in samples])
-        firsts = [first_pass(s.decoded, s.size) for s in samples]
+        firsts = [first_pass(s.decoded, s.size, s.backend) for s in samples]
         pipe.feed_input("first", [np.array(first, np.float32) for first in firsts])
         pipe.feed_input("size", [np.array(size, np.float32) for size in sizes])
         pipe.feed_input("r1", [np.array(f != s.decoded) for f, s in zip(firsts, samples, strict=True)])
         pipe.feed_input("r2", [np.array(f != s.size) for f, s in zip(firsts, samples, strict=True)])
         pipe.feed_input("windows", [np.array([h // p // m, m, p, w // p // m, m, p, 3], np.int32) for h, w in sizes])
         pipe.feed_input("patches", [np.array([h * w // (p * p), 3, 1, p * p], np.int32) for h, w in sizes])
+        pipe.feed_input("tv", [np.array(s.backend == "torchvision") for s in samples])
         (out,) = pipe.run()
         shape = [sum(h * w for h, w in sizes) // (p * p), self.cfg.patch_dim]
         if self.device is None:
@@ -163,7 +168,9 @@ class DaliRows:
             data = fn.external_source(name="data", dtype=types.UINT8, ndim=1)
             first, size = (fn.external_source(name=n, dtype=types.FLOAT, ndim=1) for n in ("first", "size"))
             windows, patches = (fn.external_source(name=n, dtype=types.INT32, ndim=1) for n in ("windows", "patches"))
-            resize_first, resize_second = (fn.external_source(name=n, dtype=types.BOOL, ndim=0) for n in ("r1", "r2"))
+            resize_first, resize_second, torchvision = (
+                fn.external_source(name=n, dtype=types.BOOL, ndim=0) for n in ("r1", "r2", "tv")
+            )
             image = fn.decoders.image(data, output_type=types.RGB, **decode)
             # One axis per pass, rounded to uint8 in between, as Pillow does; a pass that keeps the size is skipped
             # per sample (DALI would still filter: a second per 20 photos on two CPU cores).
@@ -174,7 +181,10 @@ class DaliRows:
             x = fn.reshape(image, shape=windows)  # (bh, m, p, bw, m, p, C)
             x = fn.transpose(x, perm=[0, 3, 1, 4, 6, 2, 5])  # (bh, bw, m, m, C, p, p): merge-window order
             x = fn.reshape(x, shape=patches)  # (patches, C, 1, p*p)
-            x = fn.lookup_table(x, keys=list(range(256)), values=normalized_table().tolist(), dtype=types.FLOAT)
+            if torchvision:
+                x = fn.lookup_table(x, keys=list(range(256)), values=TABLES["torchvision"].tolist(), dtype=types.FLOAT)
+            else:
+                x = fn.lookup_table(x, keys=list(range(256)), values=TABLES["pil"].tolist(), dtype=types.FLOAT)
             return fn.cat(*[x] * t, axis=2) if t > 1 else x  # the still frame repeated over the temporal axis
 
         pipe = rows()

@@ -253,6 +253,7 @@ class Encoder:
         video_max_pixels: int = VIDEO_MAX_PIXELS,
         fps: float | None = None,
         num_frames: int | None = None,
+        image_processor_backend: str = "pil",
     ) -> list[Encoded | ImageInputError]:
         """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) and videos -> one `Encoded` each,
         in order.
@@ -275,18 +276,30 @@ class Encoder:
         `ImageInputError` in its slot and the rest are still encoded; with "raise" the first is raised, after
         the others are encoded and cached. `progress` shows a bar, or advances a caller's tqdm bar once an input
         (one bar over several calls). `decoder` picks the decode backend (see `resolve_decoder`); each
-        result's `decoder` says which one made its pixels.
+        result's `decoder` says which one made its pixels. Images get the rows of HF's image processor of
+        `image_processor_backend`: "pil" (`Qwen2VLImageProcessorPil`, the default) or "torchvision"
+        (`Qwen2VLImageProcessor`: what `AutoProcessor` in transformers 5 builds, and SGLang by default); cache
+        keys include it.
         """
         video = {"video_min_pixels": video_min_pixels, "video_max_pixels": video_max_pixels}
         sampling = {"fps": fps, "num_frames": num_frames}
         checked = EncodeSettings(
-            min_pixels, max_pixels, pixel_limit, batch_tokens, errors, progress, decoder, **video, **sampling
+            min_pixels,
+            max_pixels,
+            pixel_limit,
+            batch_tokens,
+            errors,
+            progress,
+            decoder,
+            **video,
+            **sampling,
+            image_processor_backend=image_processor_backend,
         )
         settings = checked.checked(self.cfg)
         rows = self._dali_rows() if self.resolve_decoder(decoder) == "dali" else None
         items = expand_inputs(images)
         options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": self._row_dtype, "dali": rows}
-        options.update(video, **sampling)
+        options.update(video, **sampling, image_processor_backend=image_processor_backend)
         budget = settings.batch_tokens * len(self.parallel.engines)
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
         found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key

@@ -8,10 +8,11 @@ its pixel rows exist:
   worker threads, straight from the decoded image, which is then let go (with DALI: the item's sample is
   made in the workers, and `Batch.finish` runs DALI once over the batch).
 A decode backend is a `Decoder` (a `prepare` for one input). `PilDecoder` is the CPU one, bit-identical to
-HF's processor. `DaliDecoder` hands whole batches to NVIDIA DALI (`vitjax.dali`: nvJPEG and the hardware decoder
-on a GPU, its CPU backend elsewhere) and writes rows PIL did not make: the JPEGs DALI decodes exactly as PIL does
-(RGB or greyscale, complete, any EXIF orientation); everything else it routes to PIL, whose pixels then only pass
-through DALI. An item's `decoder` says which backend made its pixels, and is part of its cache key.
+HF's processor (either of its two backends: `image_processor_backend`). `DaliDecoder` hands whole batches to
+NVIDIA DALI (`vitjax.dali`: nvJPEG and the hardware decoder on a GPU, its CPU backend elsewhere) and writes rows
+PIL did not make: the JPEGs DALI decodes exactly as PIL does (RGB or greyscale, complete, any EXIF orientation);
+everything else it routes to PIL, whose pixels then only pass through DALI. An item's `decoder` says which
+backend made its pixels, and is part of its cache key.
 Videos (a `vitjax.Video`, or a path with a video extension) go to `VideoDecoder` whatever the backend: HF's video
 processor, exact, on the CPU; their rows are always written into a host buffer (grid t: one per pair of frames).
 """
@@ -43,6 +44,7 @@ from vitjax.preprocess import (
     VIDEO_MAX_PIXELS,
     VIDEO_MIN_PIXELS,
     preprocess_image,
+    resized_pixels,
     resized_size,
     smart_resize,
     video_rows,
@@ -79,14 +81,16 @@ class Decoder(Protocol):
 
 
 class PilDecoder:
-    """Decode and resize with PIL on the CPU: HF's `Qwen2VLImageProcessorPil`, bit for bit (`vitjax.preprocess`)."""
+    """Decode with PIL and resize on the CPU: HF's image processor of `backend` ("pil": `Qwen2VLImageProcessorPil`,
+    "torchvision": `Qwen2VLImageProcessor`), bit for bit (`vitjax.preprocess`)."""
 
     name = "pil"
 
-    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int):
+    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, backend: str = "pil"):
         self.cfg = cfg
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
+        self.backend = backend
 
     def prepare(self, name: str, source: object) -> Item:
         p = self.cfg
@@ -103,10 +107,12 @@ class PilDecoder:
                 temporal_patch_size=p.temporal_patch_size,
                 name=name,
                 out=out,
+                backend=self.backend,
             )
 
         def sample() -> Sample:
-            return Sample.of_pixels(image.resize((width, height), Image.Resampling.BICUBIC).tobytes(), height, width)
+            pixels = resized_pixels(image, height, width, self.backend)
+            return Sample.of_pixels(pixels.tobytes(), height, width, self.backend)
 
         return Item(name, pixel_digest(image), (1, height // p.patch_size, width // p.patch_size), fill, sample)
 
@@ -127,11 +133,12 @@ class DaliDecoder:
 
     name = "dali"
 
-    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int):
+    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, backend: str = "pil"):
         self.cfg = cfg
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
-        self.pil = PilDecoder(cfg, min_pixels, max_pixels)
+        self.backend = backend
+        self.pil = PilDecoder(cfg, min_pixels, max_pixels, backend)
 
     def prepare(self, name: str, source: object) -> Item:
         data = encoded_bytes(source, name)
@@ -146,7 +153,7 @@ class DaliDecoder:
             height, width = smart_resize(*decoded, factor, self.min_pixels, self.max_pixels)
         except ValueError as e:
             raise ImageInputError(name, str(e)) from e
-        sample = Sample(np.frombuffer(data, np.uint8), decoded, (height, width))
+        sample = Sample(np.frombuffer(data, np.uint8), decoded, (height, width), self.backend)
         grid = (1, height // p.patch_size, width // p.patch_size)
         return Item(name, hashlib.sha256(data).hexdigest(), grid, None, lambda: sample, "dali")
 
@@ -318,8 +325,9 @@ class Pipeline:
     With `dali` (a `vitjax.dali.DaliRows`) the backend is `DaliDecoder` and each batch's rows come from one DALI
     run (on the device DALI runs on, for a GPU); else `PilDecoder` writes them into a host buffer of
     `pixel_dtype`. Videos go to a `VideoDecoder` (`video_min_pixels`, `video_max_pixels`, and `fps` or
-    `num_frames` for video paths) and always into host buffers (`batch(..., host=True)`). `settings` identifies
-    what else changes an image's rows (the pixel bounds); `cache_key` joins them (or a video's own) with an
+    `num_frames` for video paths) and always into host buffers (`batch(..., host=True)`). Images follow HF's image
+    processor of `image_processor_backend`. `settings` identifies what else changes an image's rows (the pixel
+    bounds and that backend); `cache_key` joins them (or a video's own) with an
     item's decoder and digest.
 
     Host memory stays bounded however many inputs come: `prepare` runs at most `window` inputs ahead of the
@@ -339,6 +347,7 @@ class Pipeline:
         video_max_pixels: int = VIDEO_MAX_PIXELS,
         fps: float | None = None,
         num_frames: int | None = None,
+        image_processor_backend: str = "pil",
         workers: int | None = None,
         window: int | None = None,
     ):
@@ -346,9 +355,9 @@ class Pipeline:
         self.pixel_dtype = np.dtype(pixel_dtype)
         self.dali = dali
         backend = PilDecoder if dali is None else DaliDecoder
-        self.decoder: Decoder = backend(cfg, min_pixels, max_pixels)
+        self.decoder: Decoder = backend(cfg, min_pixels, max_pixels, image_processor_backend)
         self.video = VideoDecoder(cfg, video_min_pixels, video_max_pixels, fps, num_frames)
-        self.settings = (min_pixels, max_pixels)
+        self.settings = (min_pixels, max_pixels, image_processor_backend)
         workers = workers or min(8, os.cpu_count() or 1)
         self.window = window or 2 * workers
         self._pool = ThreadPoolExecutor(workers, "vitjax-pipeline")

@@ -8,6 +8,12 @@ with the frame repeated `temporal_patch_size` times. Rescale and normalize depen
 so they are one lookup in a 256-entry table computed with HF's exact arithmetic: bit-identical by
 construction, and cheaper than float math on every value.
 
+`backend="torchvision"` follows HF's other image processor instead, `Qwen2VLImageProcessor`: the one
+`AutoProcessor` builds in transformers 5, and so SGLang by default (`--image-processor-backend auto`). It
+resizes with torchvision's uint8 bicubic (`vitjax.resize`, exact) and normalizes as the video processor does
+(below); its rows differ from the PIL processor's by up to ~11 levels where the image is resized, and by an
+ulp on some values even where it is not.
+
 Videos follow `transformers.models.qwen3_vl.video_processing_qwen3_vl.Qwen3VLVideoProcessor` with its
 defaults: frames sampled as `vitjax.video` says; one size for all frames from the video `smart_resize`
 (the pixel budget counts every frame) after the per-frame cap of the reference implementation
@@ -81,16 +87,17 @@ def _fit(
     return h_bar, w_bar
 
 
-def normalized_table() -> np.ndarray:
+def _pil_table() -> np.ndarray:
     """float32 value of every uint8 level after HF's rescale then normalize, in HF's dtype sequence."""
     rescaled = (np.arange(256, dtype=np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
     mean, std = np.float32(IMAGE_MEAN), np.float32(IMAGE_STD)
     return (rescaled - mean) / std
 
 
-def _video_table() -> np.ndarray:
-    """The same for video frames: HF's video processors fold the rescale into mean and std (127.5 each, float32)
-    and run torchvision's `normalize`, `(x - mean) / std` in float32."""
+def _torchvision_table() -> np.ndarray:
+    """The same for HF's torchvision processors (video, and images with backend "torchvision"): they fold the
+    rescale into mean and std (127.5 each, float32) and run torchvision's `normalize`, `(x - mean) / std` in
+    float32."""
     scaled = np.float32(IMAGE_MEAN * 255)
     return (np.arange(256, dtype=np.float32) - scaled) / np.float32(IMAGE_STD * 255)
 
@@ -100,16 +107,18 @@ def _tables(table: np.ndarray) -> dict[np.dtype, np.ndarray]:
     return {np.dtype(np.float32): table, np.dtype(ml_dtypes.bfloat16): table.astype(ml_dtypes.bfloat16)}
 
 
-_TABLE = normalized_table()
-_TABLES = _tables(_TABLE)
-_VIDEO_TABLES = _tables(_video_table())
+# The float32 value of every uint8 level in the rows of each image processor backend (videos: "torchvision").
+TABLES = {"pil": _pil_table(), "torchvision": _torchvision_table()}
+_ROW_TABLES = {backend: _tables(table) for backend, table in TABLES.items()}  # by backend, then by row dtype
+# HF's image processors for Qwen-VL, by their `backend`: `Qwen2VLImageProcessorPil` and `Qwen2VLImageProcessor`.
+IMAGE_PROCESSOR_BACKENDS = tuple(TABLES)
 
 
 def _output(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
     """`out` checked against the rows' shape, or a new float32 array."""
     if out is None:
         return np.empty(shape, np.float32)
-    if out.shape != shape or out.dtype not in _TABLES or not out.flags.c_contiguous:
+    if out.shape != shape or out.dtype not in _ROW_TABLES["pil"] or not out.flags.c_contiguous:
         raise ValueError(
             f"out must be a C-contiguous float32 or bfloat16 array of shape {list(shape)}, "
             f"got {out.dtype} {list(out.shape)}"
@@ -127,6 +136,7 @@ def preprocess_image(
     temporal_patch_size: int = 2,
     name: str | None = None,
     out: np.ndarray | None = None,
+    backend: str = "pil",
 ) -> tuple[np.ndarray, np.ndarray]:
     """One image (anything `load_image` accepts) -> (pixel_values [h*w, 3*T*P*P] float32, grid_thw [1, 3]).
 
@@ -135,22 +145,39 @@ def preprocess_image(
     `ImageInputError`s naming the input (`name`, else as `load_image` names it). With `out` (a C-contiguous
     float32 or bfloat16 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there;
     bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway.
+    `backend` names the HF processor the rows equal (`IMAGE_PROCESSOR_BACKENDS`): "pil" or "torchvision",
+    each given the image `load_image` gives (decoded, upright, RGB).
     """
     check_pixel_bounds(min_pixels, max_pixels)
     check_geometry(patch_size, merge_size, temporal_patch_size)
+    check_backend(backend)
     name = name if name is not None else input_name(image)
     rgb = load_image(image, name)
     height, width = resized_size(rgb, min_pixels, max_pixels, patch_size * merge_size, name)
-    pixels = np.asarray(rgb.resize((width, height), Image.Resampling.BICUBIC))  # (H, W, 3) uint8
+    pixels = resized_pixels(rgb, height, width, backend)
     grid_h, grid_w = height // patch_size, width // patch_size
     m, p = merge_size, patch_size
     # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): merge-window order, channels first
     windows = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
     levels = np.ascontiguousarray(windows).reshape(grid_h * grid_w, 3, 1, p * p)
     out = _output(out, (grid_h * grid_w, 3 * temporal_patch_size * p * p))
-    frame = np.take(_TABLES[out.dtype], levels, mode="clip")  # uint8 indices are always in range
+    frame = np.take(_ROW_TABLES[backend][out.dtype], levels, mode="clip")  # uint8 indices are always in range
     out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = frame
     return out, np.array([[1, grid_h, grid_w]], dtype=np.int64)
+
+
+def resized_pixels(image: Image.Image, height: int, width: int, backend: str = "pil") -> np.ndarray:
+    """An RGB image resized as `backend`'s processor resizes it: uint8 (height, width, 3)."""
+    if backend == "pil":
+        return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC))
+    return resize_bicubic(np.asarray(image), height, width)
+
+
+def check_backend(backend: str) -> None:
+    """Refuse an image processor backend vitjax does not follow, before any input is read."""
+    if backend not in IMAGE_PROCESSOR_BACKENDS:
+        accepted = ", ".join(map(repr, IMAGE_PROCESSOR_BACKENDS))
+        raise ValueError(f"backend must be one of {accepted} (HF's image processors), got {backend!r}")
 
 
 def check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:
@@ -248,7 +275,7 @@ def video_rows(
     """
     m, p, tp = merge_size, patch_size, temporal_patch_size
     grid_h, grid_w = height // p, width // p
-    table, group_rows = _VIDEO_TABLES[out.dtype], grid_h * grid_w
+    table, group_rows = _ROW_TABLES["torchvision"][out.dtype], grid_h * grid_w
 
     def write(frames: list[np.ndarray], rows: np.ndarray) -> None:
         resized = resize_bicubic(np.stack(frames + frames[-1:] * (tp - len(frames))), height, width)  # HF repeats

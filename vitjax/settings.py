@@ -15,7 +15,14 @@ from tqdm import tqdm
 from vitjax.checks import is_int, is_positive
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, video_frame_pixels
+from vitjax.preprocess import (
+    IMAGE_PROCESSOR_BACKENDS,
+    MAX_PIXELS,
+    MIN_PIXELS,
+    VIDEO_MAX_PIXELS,
+    VIDEO_MIN_PIXELS,
+    video_frame_pixels,
+)
 from vitjax.video import MAX_FRAMES
 
 # Patches per tower call when encoding images (an image or video of more is a call of its own). With today's tower
@@ -43,7 +50,9 @@ class EncodeSettings:
     """Per-request settings. `batch_tokens` (None: `BATCH_TOKENS`) is the patches per tower call; an image or video of
     more patches is encoded in a call of its own.
     `video_min_pixels` / `video_max_pixels` bound a video's pixels (HF's video `size`); `fps` or `num_frames`
-    sample video files given as paths (default: 2 frames per second)."""
+    sample video files given as paths (default: 2 frames per second). `image_processor_backend` names the HF image
+    processor whose rows images get: "pil" (`Qwen2VLImageProcessorPil`) or "torchvision" (`Qwen2VLImageProcessor`,
+    which `AutoProcessor` and SGLang build by default)."""
 
     min_pixels: int = MIN_PIXELS
     max_pixels: int = MAX_PIXELS
@@ -56,6 +65,7 @@ class EncodeSettings:
     video_max_pixels: int = VIDEO_MAX_PIXELS
     fps: float | None = None
     num_frames: int | None = None
+    image_processor_backend: str = "pil"
 
     def checked(self, cfg: VisionConfig) -> EncodeSettings:
         """These settings validated against the tower's patch geometry, with `batch_tokens` resolved."""
@@ -99,6 +109,9 @@ class EncodeSettings:
             raise SettingError("errors", self.errors, f"must be one of {', '.join(map(repr, ERRORS))}")
         if self.decoder not in DECODERS:
             raise SettingError("decoder", self.decoder, f"must be one of {', '.join(map(repr, DECODERS))}")
+        if self.image_processor_backend not in IMAGE_PROCESSOR_BACKENDS:
+            accepted = f"must be one of {', '.join(map(repr, IMAGE_PROCESSOR_BACKENDS))} (HF's image processors)"
+            raise SettingError("image_processor_backend", self.image_processor_backend, accepted)
         if not isinstance(self.progress, (bool, tqdm)):
             raise SettingError("progress", self.progress, "must be True, False or a tqdm bar")
         batch_tokens = BATCH_TOKENS if self.batch_tokens is None else self.batch_tokens
