@@ -12,20 +12,16 @@ gives them. Each backend's rows are checked equal to its HF processor's, bit for
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata as md
 import json
 import os
-import platform
 import tempfile
 from pathlib import Path
 
-import code_revision  # bench/ is on sys.path when run as a script
 import numpy as np
+from bench_video import cpu_meta, numpy_resize  # bench/ is on sys.path when run as a script
 from bench_vit import median_time
 from PIL import Image
 
-from vitjax import resize
 from vitjax.preprocess import preprocess_image
 
 PHOTOS = sorted((Path(__file__).resolve().parents[1] / "tests" / "data" / "images").glob("*.[jp][pn]g"))
@@ -46,12 +42,9 @@ def hf_processor(backend: str):
     )
 
 
-def numpy_resize(path: Path) -> np.ndarray:
-    saved, resize._torch_checked = resize._torch_checked, False
-    try:
+def numpy_only(path: Path) -> np.ndarray:
+    with numpy_resize():
         return preprocess_image(path, backend="torchvision")[0]
-    finally:
-        resize._torch_checked = saved
 
 
 def main() -> None:
@@ -63,12 +56,7 @@ def main() -> None:
 
     from transformers.image_utils import load_image
 
-    meta = {"device": args.device, "machine": platform.machine(), "date": datetime.date.today().isoformat()}
-    meta["run"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta.update(code_revision.revision())
-    for name in ("numpy", "pillow", "torch", "torchvision", "transformers"):
-        meta[name] = md.version(name)
-    meta["torch_resize"] = resize.torch_is_exact()
+    meta = cpu_meta(args.device, ("numpy", "pillow", "torch", "torchvision", "transformers"))
     hf = {backend: hf_processor(backend) for backend in ("pil", "torchvision")}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,8 +72,8 @@ def main() -> None:
                 assert np.array_equal(ours, ref), (path.name, backend)
                 runs.append(("hf", backend, lambda p=processor, path=path: p(images=load_image(str(path)))))
                 runs.append(("vitjax", backend, lambda b=backend, path=path: preprocess_image(path, backend=b)))
-            assert np.array_equal(numpy_resize(path), preprocess_image(path, backend="torchvision")[0])
-            runs.append(("vitjax_numpy_resize", "torchvision", lambda path=path: numpy_resize(path)))
+            assert np.array_equal(numpy_only(path), preprocess_image(path, backend="torchvision")[0])
+            runs.append(("vitjax_numpy_resize", "torchvision", lambda path=path: numpy_only(path)))
             for impl, backend, fn in runs:
                 seconds, times = median_time(fn, args.reps)
                 row = {**meta, "script": "bench_image_processor", "workload": f"{path.name} {size}"}

@@ -14,6 +14,7 @@ produce the same rows (checked here, bit for bit); times are medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata as md
 import json
@@ -49,6 +50,26 @@ def write_clip(path: Path, height: int, width: int, seconds: float, rate: int = 
     return path
 
 
+@contextlib.contextmanager
+def numpy_resize():
+    """`vitjax.resize` with its numpy repetition forced: the path without PyTorch."""
+    saved, resize._torch_checked = resize._torch_checked, False
+    try:
+        yield
+    finally:
+        resize._torch_checked = saved
+
+
+def cpu_meta(device: str, packages: tuple[str, ...]) -> dict:
+    """What every row of a CPU bench carries: the machine, the date, the code and the versions that matter."""
+    meta = {"device": device, "machine": platform.machine(), "date": datetime.date.today().isoformat()}
+    meta["run"] = datetime.datetime.now().isoformat(timespec="seconds")
+    meta.update(code_revision.revision())
+    meta["torch_resize"] = resize.torch_is_exact()
+    meta.update({name: md.version(name) for name in packages})
+    return meta
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -60,12 +81,7 @@ def main() -> None:
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
     from transformers.video_utils import load_video
 
-    meta = {"device": args.device, "machine": platform.machine(), "date": datetime.date.today().isoformat()}
-    meta["run"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta.update(code_revision.revision())
-    meta["torch_resize"] = resize.torch_is_exact()
-    for name in ("numpy", "av", "torch", "torchvision", "transformers"):
-        meta[name] = md.version(name)
+    meta = cpu_meta(args.device, ("numpy", "av", "torch", "torchvision", "transformers"))
     processor = Qwen3VLVideoProcessor(cap_pixels_per_frame=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,24 +99,21 @@ def main() -> None:
             def hf_all():
                 return processor(videos=[hf_decode()], do_sample_frames=False, return_tensors="np")
 
-            def numpy_resize(clip=clip):
-                saved, resize._torch_checked = resize._torch_checked, False
-                try:
+            def numpy_only(clip=clip):
+                with numpy_resize():
                     return preprocess_video(clip)
-                finally:
-                    resize._torch_checked = saved
 
             ours, grid = preprocess_video(clip)
             ref = hf_process()
             assert np.array_equal(ours, ref["pixel_values_videos"]) and np.array_equal(grid, ref["video_grid_thw"])
-            assert np.array_equal(numpy_resize()[0], ours)
+            assert np.array_equal(numpy_only()[0], ours)
             workload = f"{args.seconds:g}s {width}x{height} h264 30fps, {len(frames)} frames sampled"
             for impl, part, fn in (
                 ("hf", "decode", hf_decode),
                 ("hf", "process", hf_process),
                 ("hf", "end_to_end", hf_all),
                 ("vitjax", "end_to_end", lambda clip=clip: preprocess_video(clip)),
-                ("vitjax_numpy_resize", "end_to_end", numpy_resize),
+                ("vitjax_numpy_resize", "end_to_end", numpy_only),
             ):
                 seconds, times = median_time(fn, args.reps)
                 ms, times = seconds * 1e3, [t * 1e3 for t in times]
