@@ -68,8 +68,8 @@ def test_encode_equals_encode_patches_on_hf_pixels(enc):
 
 
 def test_the_torchvision_backend_encodes_hf_torchvision_rows_and_is_cached_apart(enc):
-    """Embeddings of the rows `AutoProcessor`'s (and SGLang's default) image processor gives; an image encoded with
-    both backends is two cache entries, whichever comes first."""
+    """Embeddings of the rows `AutoProcessor`'s default image processor gives on the CPU; an image encoded with both
+    backends is two cache entries."""
     paths = [str(p) for p in PHOTOS[:2]]
     pil = enc.encode(paths, max_pixels=MAX_PIXELS)
     torchvision = enc.encode(paths, max_pixels=MAX_PIXELS, image_processor_backend="torchvision")

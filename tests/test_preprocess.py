@@ -440,7 +440,7 @@ def test_the_processor_a_released_checkpoint_loads_is_the_torchvision_one(tmp_pa
 @pytest.mark.parametrize("path", PHOTOS, ids=lambda p: p.name)
 def test_photo_matches_hf_torchvision(hf_torchvision, path):
     """Given the image `load_image` gives (HF's torchvision processor decodes a path itself, with torchvision:
-    no EXIF orientation and alpha dropped; SGLang hands it PIL images)."""
+    no EXIF orientation and alpha dropped; SGLang without CUDA hands it PIL images)."""
     assert_same(preprocess_image(path, backend="torchvision"), run_hf(hf_torchvision, Image.open(path)))
 
 

@@ -145,17 +145,39 @@ def test_numpy_resize_of_a_large_photo_works_in_bounded_memory():
     np.testing.assert_array_equal(small, ref.numpy().transpose(1, 2, 0))
 
 
-@pytest.mark.parametrize("torch_kind", ["missing", "other numbers"])
+class _BrokenTorch:
+    """A meta-path finder for an installed but broken PyTorch (a CUDA build missing a library raises OSError)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise OSError("libtorch_cuda.so: cannot open shared object file")
+
+
+@pytest.mark.parametrize("torch_kind", ["missing", "broken", "other numbers"])
 def test_resize_uses_the_numpy_repetition_where_torch_would_differ(monkeypatch, torch_kind):
     frames = noise_clip(2, 45, 70, seed=5)
     expected = resize.numpy_bicubic(frames, 32, 96)
     monkeypatch.setattr(resize, "_torch_checked", None)
     if torch_kind == "missing":
         monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    elif torch_kind == "broken":
+        monkeypatch.delitem(sys.modules, "torch")
+        monkeypatch.setattr(sys, "meta_path", [_BrokenTorch(), *sys.meta_path])
     else:  # a PyTorch whose kernel rounds otherwise (before 2.1 uint8 frames were resized in float)
         monkeypatch.setattr(resize, "torch_bicubic", lambda f, h, w: resize.numpy_bicubic(f, h, w) ^ 1)
     assert not resize.torch_is_exact()
     np.testing.assert_array_equal(resize_bicubic(frames, 32, 96), expected)
+    assert resize._torch_checked is False  # decided once: later calls do not try again
+
+
+@pytest.mark.filterwarnings("error")
+def test_resize_takes_flipped_and_read_only_views():
+    """torch.from_numpy refuses negative strides and warns on read-only memory: such frames are copied first."""
+    frames = noise_clip(2, 40, 70, seed=6)
+    read_only = frames.view()
+    read_only.flags.writeable = False
+    for view in (frames[..., ::-1], frames[:, ::-1], read_only):
+        np.testing.assert_array_equal(resize_bicubic(view, 32, 96), resize.numpy_bicubic(view, 32, 96))
 
 
 # --- sampling and sizes --------------------------------------------------------------------------------------

@@ -544,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=IMAGE_PROCESSOR_BACKENDS,
         default="pil",
         help="the HF image processor whose pixel rows images get: pil (Qwen2VLImageProcessorPil) or torchvision "
-        "(Qwen2VLImageProcessor, what AutoProcessor and SGLang build by default) (default: %(default)s)",
+        "(Qwen2VLImageProcessor, what AutoProcessor builds by default) (default: %(default)s)",
     )
     video = enc.add_argument_group("videos (decoded with PyAV: pip install 'vitjax[video]')")
     video.add_argument(

@@ -278,7 +278,7 @@ class Encoder:
         (one bar over several calls). `decoder` picks the decode backend (see `resolve_decoder`); each
         result's `decoder` says which one made its pixels. Images get the rows of HF's image processor of
         `image_processor_backend`: "pil" (`Qwen2VLImageProcessorPil`, the default) or "torchvision"
-        (`Qwen2VLImageProcessor`: what `AutoProcessor` in transformers 5 builds, and SGLang by default); cache
+        (`Qwen2VLImageProcessor`: what `AutoProcessor` in transformers 5 builds, run on the CPU); cache
         keys include it.
         """
         video = {"video_min_pixels": video_min_pixels, "video_max_pixels": video_max_pixels}

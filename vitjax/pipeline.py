@@ -43,6 +43,7 @@ from vitjax.images import ImageInputError, check_size, encoded_bytes, load_image
 from vitjax.preprocess import (
     VIDEO_MAX_PIXELS,
     VIDEO_MIN_PIXELS,
+    check_backend,
     preprocess_image,
     resized_pixels,
     resized_size,
@@ -351,6 +352,7 @@ class Pipeline:
         workers: int | None = None,
         window: int | None = None,
     ):
+        check_backend(image_processor_backend)
         self.cfg = cfg
         self.pixel_dtype = np.dtype(pixel_dtype)
         self.dali = dali

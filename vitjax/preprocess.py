@@ -9,7 +9,7 @@ so they are one lookup in a 256-entry table computed with HF's exact arithmetic:
 construction, and cheaper than float math on every value.
 
 `backend="torchvision"` follows HF's other image processor instead, `Qwen2VLImageProcessor`: the one
-`AutoProcessor` builds in transformers 5, and so SGLang by default (`--image-processor-backend auto`). It
+`AutoProcessor` builds in transformers 5 (and SGLang, which runs it on the GPU where there is one). It
 resizes with torchvision's uint8 bicubic (`vitjax.resize`, exact) and normalizes as the video processor does
 (below); its rows differ from the PIL processor's by up to ~11 levels where the image is resized, and by an
 ulp on some values even where it is not.

@@ -136,8 +136,8 @@ def torch_bicubic(frames: np.ndarray, height: int, width: int) -> np.ndarray:
     import torch
 
     *lead, in_h, in_w, channels = frames.shape
-    if not frames.flags.writeable:  # torch.from_numpy warns on read-only memory (PIL's arrays are)
-        frames = frames.copy()
+    if not frames.flags.writeable or min(frames.strides) < 0:  # torch.from_numpy warns on read-only memory (PIL's
+        frames = frames.copy()  # arrays are) and refuses negative strides (a flipped view)
     x = torch.from_numpy(frames.reshape(-1, in_h, in_w, channels)).permute(0, 3, 1, 2)  # NCHW over NHWC memory
     out = torch.nn.functional.interpolate(x, size=(height, width), mode="bicubic", align_corners=False, antialias=True)
     return np.ascontiguousarray(out.permute(0, 2, 3, 1).numpy()).reshape(*lead, height, width, channels)
@@ -160,7 +160,7 @@ def torch_is_exact() -> bool:
 def _torch_agrees() -> bool:
     try:
         import torch  # noqa: F401
-    except ImportError:
+    except Exception:  # not installed, or broken (a CUDA build missing its libraries raises OSError): numpy then
         return False
     frame = np.random.default_rng(0).integers(0, 256, (2, 61, 83, 3), dtype=np.uint8)
     try:

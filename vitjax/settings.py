@@ -52,7 +52,7 @@ class EncodeSettings:
     `video_min_pixels` / `video_max_pixels` bound a video's pixels (HF's video `size`); `fps` or `num_frames`
     sample video files given as paths (default: 2 frames per second). `image_processor_backend` names the HF image
     processor whose rows images get: "pil" (`Qwen2VLImageProcessorPil`) or "torchvision" (`Qwen2VLImageProcessor`,
-    which `AutoProcessor` and SGLang build by default)."""
+    which `AutoProcessor` builds by default)."""
 
     min_pixels: int = MIN_PIXELS
     max_pixels: int = MAX_PIXELS
