@@ -328,8 +328,7 @@ class Pipeline:
     `pixel_dtype`. Videos go to a `VideoDecoder` (`video_min_pixels`, `video_max_pixels`, and `fps` or
     `num_frames` for video paths) and always into host buffers (`batch(..., host=True)`). Images follow HF's image
     processor of `image_processor_backend`. `settings` identifies what else changes an image's rows (the pixel
-    bounds and that backend); `cache_key` joins them (or a video's own) with an
-    item's decoder and digest.
+    bounds and that backend); `cache_key` joins them (or a video's own) with an item's decoder and digest.
 
     Host memory stays bounded however many inputs come: `prepare` runs at most `window` inputs ahead of the
     consumer, and at most `window` taken items wait for their rows (or DALI sample) to be made, so at most
