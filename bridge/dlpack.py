@@ -28,9 +28,21 @@ def to_torch(array: jax.Array) -> torch.Tensor:
     return torch.from_dlpack(jax.block_until_ready(array))
 
 
+# torch dtypes numpy has no type of its own for, as ml_dtypes' (same bits): vitjax's checks then name such a tensor
+# (an FP8 checkpoint's quantized weights) where `tensor.numpy()` would raise a TypeError naming nothing.
+_ML_DTYPES = {
+    torch.bfloat16: ml_dtypes.bfloat16,
+    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+    torch.float8_e5m2: ml_dtypes.float8_e5m2,
+    torch.float8_e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz: ml_dtypes.float8_e5m2fnuz,
+}
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU checkpoint tensor as numpy (bf16 as ml_dtypes' bfloat16), without a copy where possible."""
+    """A CPU checkpoint tensor as numpy (bf16 and FP8 as ml_dtypes' types), without a copy where possible."""
     tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if tensor.dtype in _ML_DTYPES:
+        same_width = torch.int16 if tensor.dtype == torch.bfloat16 else torch.uint8
+        return tensor.view(same_width).numpy().view(_ML_DTYPES[tensor.dtype])
     return tensor.numpy()

@@ -140,6 +140,36 @@ def test_vision_tensors_a_loader_yields_in_reused_memory_are_kept_whole():
     assert_close_to_scale(out.numpy(), hf_outputs(hf.model.visual, pixels, GRIDS))
 
 
+def test_an_fp8_vision_tower_is_refused_by_name():
+    """A checkpoint whose vision tower is FP8-quantized (weights as float8 codes, scales as other tensors): SGLang's own
+    tower would copy the codes in as values; the bridge refuses it naming the tensor and its dtype, where converting
+    the tensor used to raise a TypeError that named nothing. The language model's tensors still went to SGLang."""
+    from bridge.sglang_models.qwen3_vl import _VitjaxTower
+
+    class LanguageModel:
+        def load_weights(self, weights):
+            self.language = [name for name, _ in weights]
+
+    class Model(_VitjaxTower, LanguageModel):
+        pass
+
+    cfg = TINY["hd64"]
+    state = hf_full_model(cfg, seed=4).state_dict()
+    key = "model.visual.blocks.0.mlp.linear_fc1.weight"
+    quantized = {**state, key: state[key].to(torch.float8_e4m3fn), f"{key}_scale_inv": torch.ones(1, 1)}
+    model = Model.__new__(Model)
+    model.visual = bridge.JaxVisionTower(config=cfg, device="cpu", dtype=torch.float32)
+    model._vitjax_model_id = "fp8"
+    name = key.removeprefix("model.")
+    message = rf"tensor {name} has dtype float8_e4m3fn, expected one of .* \(a quantized vision tower\?"
+    with pytest.raises(CheckpointError, match=message):
+        model.load_weights(iter(quantized.items()))
+    assert model.language and model.visual.encoder is None
+    np.testing.assert_array_equal(
+        dlpack.to_numpy(quantized[key]).astype(np.float32), quantized[key].to(torch.float32).numpy()
+    )  # the codes' values, bit for bit: what vitjax's check sees
+
+
 def test_a_later_load_updates_the_given_tensors_in_place(tiny):
     """SGLang's weight updates reach the tower as loads of some of its tensors: those change, the rest keep
     their values, nothing is compiled again, and a bad tensor leaves the tower as it was."""

@@ -481,6 +481,18 @@ def test_cli_image_processor_backend(checkpoint, tmp_path, capsys):
     assert code == 2 and "--image-processor-backend: invalid choice: 'fast'" in capsys.readouterr().err
 
 
+def test_cli_float16_tower(checkpoint, tmp_path):
+    """`--dtype float16`, a tower dtype the API has (as SGLang serves float16 checkpoints): float16 embeddings, those
+    of the API's float16 tower."""
+    out = tmp_path / "f16.safetensors"
+    args = ["encode", str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "--quiet"]
+    assert cli_main([*args, "--dtype", "float16", "-o", str(out)]) == 0
+    embeds = load_file(out)["0.embeds"]
+    (ref,) = vitjax.Encoder.from_pretrained(checkpoint, dtype="float16").encode([PHOTOS[0]], max_pixels=MAX_PIXELS)
+    assert embeds.dtype == np.float16
+    np.testing.assert_array_equal(embeds, np.asarray(ref.embeds))
+
+
 def test_cli_random_init_says_so(tmp_path, capsys):
     img = io.BytesIO()
     Image.new("RGB", (64, 64), "blue").save(img, "PNG")

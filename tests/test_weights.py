@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -136,8 +137,29 @@ def test_non_float_tensor_is_named(tiny, tmp_path, dtype):
     key = "model.visual.blocks.0.attn.qkv.weight"
     path = _corrupt(tiny, tmp_path, lambda t: t.update({key: (t[key] * 100).to(dtype)}))
     stored = {torch.int32: "I32", torch.float8_e4m3fn: "F8_E4M3"}[dtype]
-    with pytest.raises(weights.CheckpointError, match=rf"tensor {key} has dtype {stored}, expected one of \('F16'"):
+    message = rf"tensor {key} has dtype {stored}, expected one of \('F16'"
+    with pytest.raises(weights.CheckpointError, match=message) as e:
         vitjax.Encoder.from_pretrained(path)
+    assert str(e.value).endswith(weights.QUANTIZED)
+
+
+def test_fp8_arrays_are_not_taken_as_weights(tiny):
+    """8-bit floats are floats to numpy's type tree, but a quantized tower's codes (its scales are other tensors): as
+    a first load and as an update (SGLang's weight updates) they are refused by name, and the tower keeps its values."""
+    import ml_dtypes
+
+    cfg, _, path = tiny
+    named = {k: v.numpy() for k, v in load_file(str(path / "model.safetensors")).items()}
+    key = "blocks.0.attn.proj.weight"
+    fp8 = {**named, key: named[key].astype(ml_dtypes.float8_e4m3fn)}
+    message = rf"at: tensor {key} has dtype float8_e4m3fn, expected one of float16, bfloat16, float32, float64 \("
+    with pytest.raises(weights.CheckpointError, match=message):
+        weights.from_named_arrays(fp8.items(), cfg, "at")
+    base = weights.from_named_arrays(named.items(), cfg, "at")
+    with pytest.raises(weights.CheckpointError, match=message):
+        weights.from_named_arrays([(key, fp8[key])], cfg, "at", base=base)
+    with pytest.raises(weights.CheckpointError, match="has dtype float8_e4m3fn"):
+        vitjax.Encoder.from_params(cfg, jax.tree.map(lambda x: x.astype(ml_dtypes.float8_e4m3fn), base))
 
 
 def test_blocks_stored_in_several_dtypes_keep_each_value(tiny, tmp_path):

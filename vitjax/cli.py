@@ -21,6 +21,7 @@ import vitjax
 from vitjax.attention import ENV_VAR, check_devices, named_implementation
 from vitjax.buckets import FIT_GRANULE, BucketPolicy
 from vitjax.config import PRESETS, VisionConfig
+from vitjax.encoder import DTYPES
 from vitjax.hub import model_folder
 from vitjax.images import ImageInputError, expand_inputs, path_error
 from vitjax.leftovers import remove_stale
@@ -505,7 +506,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=PIXEL_LIMIT,
         help="the most --max-pixels may be; raise it deliberately for larger images (default: %(default)s)",
     )
-    enc.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="(default: %(default)s)")
+    enc.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="bfloat16",
+        help="the tower's and the embeddings' dtype (default: %(default)s)",
+    )
     enc.add_argument(
         "--batch-tokens",
         type=int,

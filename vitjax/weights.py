@@ -32,6 +32,8 @@ FOREIGN_PREFIXES = ("thinker.visual.", "visual.merger.ln_q", "model.visual.merge
 BUFFERS = ("rotary_pos_emb.inv_freq", "rotary_pos_emb.original_inv_freq")
 # The floating-point dtypes of the safetensors format numpy reads (FP8 ones it cannot).
 SAFETENSORS_FLOATS = ("F16", "BF16", "F32", "F64")
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+QUANTIZED = " (a quantized vision tower? vitjax reads its weights unquantized, as SGLang's tower does)"
 INDEX_FILE = "model.safetensors.index.json"
 ORBAX_PARAMS = "params"
 # A conversion is staged in a folder beside its output, renamed into place once whole. One a killed process left is
@@ -106,9 +108,12 @@ def _leaf_shape(target: Target, cfg: VisionConfig) -> tuple[int, ...]:
 
 
 def _check_dtype(where: str, key: str, dtype: Any) -> None:
-    """Weights are floating point; an integer or boolean tensor would be cast silently into nonsense."""
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise CheckpointError(f"{where}: tensor {key} has dtype {np.dtype(dtype)}, expected a floating-point type")
+    """Weights are 16-, 32- or 64-bit floats: an integer, boolean or 8-bit float tensor (a quantized tower's codes,
+    whose scales are other tensors) would be cast silently into nonsense."""
+    if np.dtype(dtype).name not in FLOATS:
+        raise CheckpointError(
+            f"{where}: tensor {key} has dtype {np.dtype(dtype)}, expected one of {', '.join(FLOATS)}{QUANTIZED}"
+        )
 
 
 def _transform(x: np.ndarray, kind: str) -> np.ndarray:
@@ -243,6 +248,7 @@ def load_hf(path: str | Path, cfg: VisionConfig, progress: bool = False) -> Para
             if name not in BUFFERS and tensor.get_dtype() not in SAFETENSORS_FLOATS:  # FP8 would not even read
                 raise CheckpointError(
                     f"{file}: tensor {key} has dtype {tensor.get_dtype()}, expected one of {SAFETENSORS_FLOATS}"
+                    + QUANTIZED
                 )
             assembler.add(str(file), name, tuple(tensor.get_shape()), lambda f=f, key=key: f.get_tensor(key))
     finally:
