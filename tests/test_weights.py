@@ -76,6 +76,34 @@ def test_full_sharded_checkpoint_skips_language_model(full_model, monkeypatch):
     assert_close_to_scale(got, hf_outputs(model.model.visual, x, GRIDS))
 
 
+def test_a_quantized_language_model_beside_an_unquantized_tower_loads(full_model, tmp_path):
+    """A block-FP8 Qwen3-VL whose vision tower stays bf16: language-model weights as FP8 codes with their
+    `weight_scale_inv`, a `quantization_config` whose `modules_to_not_convert` names the tower. vitjax reads the
+    tower alone, as stored."""
+    cfg, model, _ = full_model
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    for key in [k for k in tensors if k.startswith("model.language_model.") and k.endswith("proj.weight")]:
+        tensors[key] = tensors[key].to(torch.float8_e4m3fn)
+        tensors[f"{key}_scale_inv"] = torch.ones(-(-tensors[key].shape[0] // 128), -(-tensors[key].shape[1] // 128))
+    tensors = {k: v.to(torch.bfloat16) if k.startswith("model.visual.") else v for k, v in tensors.items()}
+    save_file(tensors, tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["model.visual", "lm_head"],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    enc = vitjax.Encoder.from_pretrained(tmp_path, dtype="float32")
+    x, got = _encode(enc, cfg)
+    visual = copy.deepcopy(model.model.visual)
+    for param in visual.parameters():  # the weights as stored (buffers are not weights)
+        param.data = param.data.to(torch.bfloat16).to(torch.float32)
+    assert_close_to_scale(got, hf_outputs(visual, x, GRIDS))
+
+
 def test_sharded_vision_only_checkpoint(tmp_path):
     """`Qwen3VLVisionModel.save_pretrained` in shards: bare names in the index, every shard the tower's."""
     cfg = TINY["hd64"]
