@@ -622,22 +622,33 @@ def test_a_signal_whose_exception_python_drops_still_stops_the_run(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_closed_standard_output_costs_only_the_summary(checkpoint, tmp_path):
-    """`--summary json` into a pipe whose reader has left: the output is written all the same, and the status (1)
-    and one line say what was lost (it was status 3 and "nothing was written", after a traceback)."""
+@pytest.mark.parametrize("stdout", ["pipe without a reader", "closed", "/dev/full"])
+def test_a_closed_standard_output_costs_only_the_summary(checkpoint, tmp_path, stdout):
+    """`--summary json` into a pipe whose reader has left, with stdout closed, or into a full device: the output is
+    written all the same, and the status (1) and one line say what was lost (it was status 3 and "nothing was
+    written" after a traceback for the pipe and the full device; status 0, the line lost silently, when closed)."""
+    if stdout == "/dev/full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
     out = tmp_path / "out.safetensors"
     argv = [str(PHOTOS[0]), "--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out), "--summary",
             "json", "-q"]  # fmt: skip
+    command = [sys.executable, "-m", "vitjax.cli", "encode", *argv]
     read, write = os.pipe()
     os.close(read)
+    full = open("/dev/full", "w") if stdout == "/dev/full" else None  # noqa: SIM115
     try:
-        proc = subprocess.run([sys.executable, "-m", "vitjax.cli", "encode", *argv], stdout=write,
-                              stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+        given = {"pipe without a reader": write, "closed": None, "/dev/full": full}[stdout]
+        if stdout == "closed":  # Python starts without a stdout (a shell's `>&-`)
+            command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+        proc = subprocess.run(command, stdout=given, stderr=subprocess.PIPE, text=True, timeout=300)
     finally:
         os.close(write)
+        if full is not None:
+            full.close()
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "nothing was written" not in proc.stderr
-    assert proc.stderr.endswith("vitjax: error: the summary was not printed: standard output is closed\n")
+    lost = "standard output: No space left on device" if stdout == "/dev/full" else "standard output is closed"
+    assert proc.stderr.endswith(f"vitjax: error: the summary was not printed: {lost}\n")
     assert set(load_file(out)) == {"0.embeds", "0.deepstack"}
 
 

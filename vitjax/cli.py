@@ -40,7 +40,7 @@ EPILOG = """examples:
 EXIT_CODES = """exit status:
   0  every input was encoded and written
   1  some inputs failed (each is named on stderr; the others are written), the output could not be written, or
-     the --summary json line could not be (standard output closed; the output is written)
+     the --summary json line could not be (standard output closed or full; the output is written)
   2  usage: a bad option or setting, an unknown preset, an unreadable --model, an output folder that is
      missing or not writable; nothing is encoded
   3  the run itself failed (out of memory, a defect: the traceback is on stderr); nothing was written
@@ -360,13 +360,23 @@ def _encode(args: argparse.Namespace) -> int:
         }
         if write_error:
             summary["error"] = write_error
-        try:
-            print(json.dumps(summary), flush=True)
-        except BrokenPipeError:  # its reader left (`| head`); the output is written all the same
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
-            print("vitjax: error: the summary was not printed: standard output is closed", file=sys.stderr)
+        if (lost := _print_summary(summary)) is not None:
+            print(f"vitjax: error: the summary was not printed: {lost}", file=sys.stderr)
             return 1
     return 0 if written == len(results) else 1
+
+
+def _print_summary(summary: dict) -> str | None:
+    """Print the summary line on stdout; why it could not be printed, if it could not (the output is written all
+    the same, so that is not a failed run: no traceback, no exit status 3)."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): print() would drop the line without a word
+        return "standard output is closed"
+    try:
+        print(json.dumps(summary), flush=True)
+    except OSError as e:  # its reader left (`| head`: BrokenPipeError), or the device is full (`>/dev/full`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+        return "standard output is closed" if isinstance(e, BrokenPipeError) else f"standard output: {e.strerror or e}"
+    return None
 
 
 class _Written:
