@@ -6,7 +6,7 @@ again with the numpy repetition forced, the path without PyTorch); HF's `Qwen2VL
 `Qwen2VLImageProcessor` (torchvision) given `transformers.image_utils.load_image(path)`, as a user holding a path
 gives them. Each backend's rows are checked equal to its HF processor's, bit for bit. Times are medians.
 
-    PYTHONPATH=.:bench python bench/bench_image_processor.py --out bench/results
+    PYTHONPATH=. python bench/bench_image_processor.py --out bench/results
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from bench_video import cpu_meta, numpy_resize  # bench/ is on sys.path when run as a script
 from bench_vit import median_time
+from cpu_bench import cpu_meta, numpy_resize  # bench/ is on sys.path when run as a script
 from PIL import Image
 
 from vitjax.preprocess import preprocess_image

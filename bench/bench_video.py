@@ -14,22 +14,17 @@ produce the same rows (checked here, bit for bit); times are medians.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
-import importlib.metadata as md
 import json
 import os
-import platform
 import tempfile
 from pathlib import Path
 
 import av
-import code_revision  # bench/ is on sys.path when run as a script
 import numpy as np
 from bench_vit import median_time
+from cpu_bench import cpu_meta, numpy_resize
 from PIL import Image
 
-from vitjax import resize
 from vitjax.preprocess import preprocess_video
 
 PHOTO = Path(__file__).resolve().parents[1] / "tests" / "data" / "images" / "astronaut.jpg"
@@ -48,26 +43,6 @@ def write_clip(path: Path, height: int, width: int, seconds: float, rate: int = 
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return path
-
-
-@contextlib.contextmanager
-def numpy_resize():
-    """`vitjax.resize` with its numpy repetition forced: the path without PyTorch."""
-    saved, resize._torch_checked = resize._torch_checked, False
-    try:
-        yield
-    finally:
-        resize._torch_checked = saved
-
-
-def cpu_meta(device: str, packages: tuple[str, ...]) -> dict:
-    """What every row of a CPU bench carries: the machine, the date, the code and the versions that matter."""
-    meta = {"device": device, "machine": platform.machine(), "date": datetime.date.today().isoformat()}
-    meta["run"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta.update(code_revision.revision())
-    meta["torch_resize"] = resize.torch_is_exact()
-    meta.update({name: md.version(name) for name in packages})
-    return meta
 
 
 def main() -> None:

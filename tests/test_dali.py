@@ -108,7 +108,7 @@ def test_first_pass_is_pytorchs_order_for_the_torchvision_backend():
 
 
 @pytest.mark.parametrize(("max_pixels", "backend"), [(MAX_PIXELS, "pil"), (SMALL, "pil"), (SMALL, "torchvision")])
-def test_rows_match_pil(rows, max_pixels, backend):
+def test_rows_match_the_cpu_rows(rows, max_pixels, backend):
     items, pixels, errors = dali_rows(rows, CASES, max_pixels, backend)
     assert errors == [None] * len(CASES)
     start = 0

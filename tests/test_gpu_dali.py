@@ -36,7 +36,7 @@ def enc():
 
 
 @pytest.mark.parametrize(("max_pixels", "backend"), [(MAX_PIXELS, "pil"), (SMALL, "pil"), (SMALL, "torchvision")])
-def test_rows_match_pil_within_nvjpeg(max_pixels, backend):
+def test_rows_match_the_cpu_rows_within_nvjpeg(max_pixels, backend):
     """Also with image_processor_backend="torchvision": its pass order and table, against its exact rows."""
     import jax
 

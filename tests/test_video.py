@@ -158,6 +158,9 @@ def test_resize_uses_the_numpy_repetition_where_torch_would_differ(monkeypatch, 
     frames = noise_clip(2, 45, 70, seed=5)
     expected = resize.numpy_bicubic(frames, 32, 96)
     monkeypatch.setattr(resize, "_torch_checked", None)
+    checks = []
+    agrees = resize._torch_agrees
+    monkeypatch.setattr(resize, "_torch_agrees", lambda: checks.append(1) or agrees())
     if torch_kind == "missing":
         monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
     elif torch_kind == "broken":
@@ -167,7 +170,8 @@ def test_resize_uses_the_numpy_repetition_where_torch_would_differ(monkeypatch, 
         monkeypatch.setattr(resize, "torch_bicubic", lambda f, h, w: resize.numpy_bicubic(f, h, w) ^ 1)
     assert not resize.torch_is_exact()
     np.testing.assert_array_equal(resize_bicubic(frames, 32, 96), expected)
-    assert resize._torch_checked is False  # decided once: later calls do not try again
+    np.testing.assert_array_equal(resize_bicubic(frames, 32, 96), expected)
+    assert checks == [1]  # decided once: a later call does not try PyTorch again
 
 
 @pytest.mark.filterwarnings("error")
@@ -177,7 +181,7 @@ def test_resize_takes_flipped_and_read_only_views():
     read_only = frames.view()
     read_only.flags.writeable = False
     for view in (frames[..., ::-1], frames[:, ::-1], read_only):
-        np.testing.assert_array_equal(resize_bicubic(view, 32, 96), resize.numpy_bicubic(view, 32, 96))
+        np.testing.assert_array_equal(resize.torch_bicubic(view, 32, 96), resize.numpy_bicubic(view, 32, 96))
 
 
 # --- sampling and sizes --------------------------------------------------------------------------------------

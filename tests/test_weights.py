@@ -184,8 +184,10 @@ def test_fp8_arrays_are_not_taken_as_weights(tiny):
     with pytest.raises(weights.CheckpointError, match=message):
         weights.from_named_arrays(fp8.items(), cfg, "at")
     base = weights.from_named_arrays(named.items(), cfg, "at")
+    before = jax.tree.map(np.array, base)
     with pytest.raises(weights.CheckpointError, match=message):
         weights.from_named_arrays([(key, fp8[key])], cfg, "at", base=base)
+    jax.tree.map(np.testing.assert_array_equal, base, before)  # the refused update changed nothing
     with pytest.raises(weights.CheckpointError, match="has dtype float8_e4m3fn"):
         vitjax.Encoder.from_params(cfg, jax.tree.map(lambda x: x.astype(ml_dtypes.float8_e4m3fn), base))
 

@@ -366,7 +366,7 @@ def _encode(args: argparse.Namespace) -> int:
     return 0 if written == len(results) else 1
 
 
-def _print_summary(summary: dict) -> str | None:
+def _print_summary(summary: dict[str, object]) -> str | None:
     """Print the summary line on stdout; why it could not be printed, if it could not (the output is written all
     the same, so that is not a failed run: no traceback, no exit status 3)."""
     if sys.stdout is None:  # started with stdout closed (`>&-`): print() would drop the line without a word

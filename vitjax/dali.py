@@ -44,12 +44,12 @@ def available() -> bool:
         return False
 
 
-def first_pass(decoded: tuple[int, int], size: tuple[int, int], backend: str = "pil") -> tuple[int, int]:
+def first_pass(decoded: tuple[int, int], size: tuple[int, int], processor: str = "pil") -> tuple[int, int]:
     """(height, width) after the first resize pass from `decoded` to `size`: PyTorch's ("torchvision") is the width;
     Pillow's (checked against the installed Pillow in the tests) the height when it shrinks by more than twice as
     many pixels as the width, else the width."""
     (height, width), (out_h, out_w) = decoded, size
-    if backend == "pil" and _PILLOW_VERTICAL_FIRST and out_h < height and height - out_h > 2 * (width - out_w):
+    if processor == "pil" and _PILLOW_VERTICAL_FIRST and out_h < height and height - out_h > 2 * (width - out_w):
         return out_h, width
     return height, out_w
 
@@ -61,13 +61,13 @@ class Sample:
     data: np.ndarray  # uint8 [n]: a JPEG, or a PPM of pixels PIL already decoded and resized
     decoded: tuple[int, int]  # (height, width)
     size: tuple[int, int]  # (height, width), multiples of patch_size * merge_size
-    backend: str = "pil"  # the image processor whose resize order and normalization the rows follow
+    processor: str = "pil"  # the image processor backend whose resize order and normalization the rows follow
 
     @classmethod
-    def of_pixels(cls, rgb: bytes, height: int, width: int, backend: str = "pil") -> Sample:
+    def of_pixels(cls, rgb: bytes, height: int, width: int, processor: str = "pil") -> Sample:
         """Pixels already decoded and resized (RGB, row-major): a PPM, which DALI's decode and resize leave as is."""
         data = np.frombuffer(f"P6 {width} {height} 255\n".encode() + rgb, np.uint8)
-        return cls(data, (height, width), (height, width), backend)
+        return cls(data, (height, width), (height, width), processor)
 
 
 class DaliRows:
@@ -118,14 +118,14 @@ class DaliRows:
         pipe = self._pipeline(len(samples))
         sizes = [s.size for s in samples]
         pipe.feed_input("data", [s.data for s in samples])
-        firsts = [first_pass(s.decoded, s.size, s.backend) for s in samples]
+        firsts = [first_pass(s.decoded, s.size, s.processor) for s in samples]
         pipe.feed_input("first", [np.array(first, np.float32) for first in firsts])
         pipe.feed_input("size", [np.array(size, np.float32) for size in sizes])
         pipe.feed_input("r1", [np.array(f != s.decoded) for f, s in zip(firsts, samples, strict=True)])
         pipe.feed_input("r2", [np.array(f != s.size) for f, s in zip(firsts, samples, strict=True)])
         pipe.feed_input("windows", [np.array([h // p // m, m, p, w // p // m, m, p, 3], np.int32) for h, w in sizes])
         pipe.feed_input("patches", [np.array([h * w // (p * p), 3, 1, p * p], np.int32) for h, w in sizes])
-        pipe.feed_input("tv", [np.array(s.backend == "torchvision") for s in samples])
+        pipe.feed_input("tv", [np.array(s.processor == "torchvision") for s in samples])
         (out,) = pipe.run()
         shape = [sum(h * w for h, w in sizes) // (p * p), self.cfg.patch_dim]
         if self.device is None:
@@ -156,6 +156,8 @@ class DaliRows:
         else:
             decode = {"device": "mixed", "hw_decoder_load": self.hw_decoder_load}
 
+        levels, tables = list(range(256)), {name: table.tolist() for name, table in TABLES.items()}
+
         @pipeline_def(
             batch_size=max_batch,
             num_threads=self.threads,
@@ -172,8 +174,8 @@ class DaliRows:
                 fn.external_source(name=n, dtype=types.BOOL, ndim=0) for n in ("r1", "r2", "tv")
             )
             image = fn.decoders.image(data, output_type=types.RGB, **decode)
-            # One axis per pass, rounded to uint8 in between, as Pillow does; a pass that keeps the size is skipped
-            # per sample (DALI would still filter: a second per 20 photos on two CPU cores).
+            # One axis per pass, rounded to uint8 in between, as Pillow and PyTorch do; a pass that keeps the size is
+            # skipped per sample (DALI would still filter: a second per 20 photos on two CPU cores).
             if resize_first:
                 image = fn.resize(image, size=first, interp_type=types.INTERP_CUBIC, antialias=True)
             if resize_second:
@@ -181,10 +183,10 @@ class DaliRows:
             x = fn.reshape(image, shape=windows)  # (bh, m, p, bw, m, p, C)
             x = fn.transpose(x, perm=[0, 3, 1, 4, 6, 2, 5])  # (bh, bw, m, m, C, p, p): merge-window order
             x = fn.reshape(x, shape=patches)  # (patches, C, 1, p*p)
-            if torchvision:
-                x = fn.lookup_table(x, keys=list(range(256)), values=TABLES["torchvision"].tolist(), dtype=types.FLOAT)
+            if torchvision:  # the image processor backend's table
+                x = fn.lookup_table(x, keys=levels, values=tables["torchvision"], dtype=types.FLOAT)
             else:
-                x = fn.lookup_table(x, keys=list(range(256)), values=TABLES["pil"].tolist(), dtype=types.FLOAT)
+                x = fn.lookup_table(x, keys=levels, values=tables["pil"], dtype=types.FLOAT)
             return fn.cat(*[x] * t, axis=2) if t > 1 else x  # the still frame repeated over the temporal axis
 
         pipe = rows()

@@ -82,16 +82,16 @@ class Decoder(Protocol):
 
 
 class PilDecoder:
-    """Decode with PIL and resize on the CPU: HF's image processor of `backend` ("pil": `Qwen2VLImageProcessorPil`,
-    "torchvision": `Qwen2VLImageProcessor`), bit for bit (`vitjax.preprocess`)."""
+    """Decode with PIL and resize on the CPU: HF's image processor of backend `processor` ("pil":
+    `Qwen2VLImageProcessorPil`, "torchvision": `Qwen2VLImageProcessor`), bit for bit (`vitjax.preprocess`)."""
 
     name = "pil"
 
-    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, backend: str = "pil"):
+    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, processor: str = "pil"):
         self.cfg = cfg
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
-        self.backend = backend
+        self.processor = processor
 
     def prepare(self, name: str, source: object) -> Item:
         p = self.cfg
@@ -108,12 +108,12 @@ class PilDecoder:
                 temporal_patch_size=p.temporal_patch_size,
                 name=name,
                 out=out,
-                backend=self.backend,
+                backend=self.processor,
             )
 
         def sample() -> Sample:
-            pixels = resized_pixels(image, height, width, self.backend)
-            return Sample.of_pixels(pixels.tobytes(), height, width, self.backend)
+            pixels = resized_pixels(image, height, width, self.processor)
+            return Sample.of_pixels(pixels.tobytes(), height, width, self.processor)
 
         return Item(name, pixel_digest(image), (1, height // p.patch_size, width // p.patch_size), fill, sample)
 
@@ -134,12 +134,12 @@ class DaliDecoder:
 
     name = "dali"
 
-    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, backend: str = "pil"):
+    def __init__(self, cfg: VisionConfig, min_pixels: int, max_pixels: int, processor: str = "pil"):
         self.cfg = cfg
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
-        self.backend = backend
-        self.pil = PilDecoder(cfg, min_pixels, max_pixels, backend)
+        self.processor = processor
+        self.pil = PilDecoder(cfg, min_pixels, max_pixels, processor)
 
     def prepare(self, name: str, source: object) -> Item:
         data = encoded_bytes(source, name)
@@ -154,7 +154,7 @@ class DaliDecoder:
             height, width = smart_resize(*decoded, factor, self.min_pixels, self.max_pixels)
         except ValueError as e:
             raise ImageInputError(name, str(e)) from e
-        sample = Sample(np.frombuffer(data, np.uint8), decoded, (height, width), self.backend)
+        sample = Sample(np.frombuffer(data, np.uint8), decoded, (height, width), self.processor)
         grid = (1, height // p.patch_size, width // p.patch_size)
         return Item(name, hashlib.sha256(data).hexdigest(), grid, None, lambda: sample, "dali")
 
@@ -351,12 +351,12 @@ class Pipeline:
         workers: int | None = None,
         window: int | None = None,
     ):
-        check_backend(image_processor_backend)
+        check_backend(image_processor_backend, "image_processor_backend")
         self.cfg = cfg
         self.pixel_dtype = np.dtype(pixel_dtype)
         self.dali = dali
-        backend = PilDecoder if dali is None else DaliDecoder
-        self.decoder: Decoder = backend(cfg, min_pixels, max_pixels, image_processor_backend)
+        decoder_cls = PilDecoder if dali is None else DaliDecoder
+        self.decoder: Decoder = decoder_cls(cfg, min_pixels, max_pixels, image_processor_backend)
         self.video = VideoDecoder(cfg, video_min_pixels, video_max_pixels, fps, num_frames)
         self.settings = (min_pixels, max_pixels, image_processor_backend)
         workers = workers or min(8, os.cpu_count() or 1)

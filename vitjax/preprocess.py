@@ -9,7 +9,8 @@ so they are one lookup in a 256-entry table computed with HF's exact arithmetic:
 construction, and cheaper than float math on every value.
 
 `backend="torchvision"` follows HF's other image processor instead, `Qwen2VLImageProcessor`: the one
-`AutoProcessor` builds in transformers 5 (and SGLang, which runs it on the GPU where there is one). It
+`AutoProcessor` builds in transformers 5, run on the CPU (a SGLang server without CUDA gets these rows; one on a
+GPU decodes and resizes there, and its rows differ: README). It
 resizes with torchvision's uint8 bicubic (`vitjax.resize`, exact) and normalizes as the video processor does
 (below); its rows differ from the PIL processor's by up to ~11 levels where the image is resized, and by an
 ulp on some values even where it is not.
@@ -112,6 +113,7 @@ TABLES = {"pil": _pil_table(), "torchvision": _torchvision_table()}
 _ROW_TABLES = {backend: _tables(table) for backend, table in TABLES.items()}  # by backend, then by row dtype
 # HF's image processors for Qwen-VL, by their `backend`: `Qwen2VLImageProcessorPil` and `Qwen2VLImageProcessor`.
 IMAGE_PROCESSOR_BACKENDS = tuple(TABLES)
+BACKEND_CHOICES = f"must be one of {', '.join(map(repr, IMAGE_PROCESSOR_BACKENDS))} (HF's image processors)"
 
 
 def _output(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
@@ -173,11 +175,10 @@ def resized_pixels(image: Image.Image, height: int, width: int, backend: str = "
     return resize_bicubic(np.asarray(image), height, width)
 
 
-def check_backend(backend: str) -> None:
-    """Refuse an image processor backend vitjax does not follow, before any input is read."""
+def check_backend(backend: str, setting: str = "backend") -> None:
+    """Refuse an image processor backend vitjax does not follow, before any input is read (`setting`: its name)."""
     if backend not in IMAGE_PROCESSOR_BACKENDS:
-        accepted = ", ".join(map(repr, IMAGE_PROCESSOR_BACKENDS))
-        raise ValueError(f"backend must be one of {accepted} (HF's image processors), got {backend!r}")
+        raise ValueError(f"{setting} {BACKEND_CHOICES}, got {backend!r}")
 
 
 def check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:

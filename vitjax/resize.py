@@ -1,4 +1,5 @@
-"""PyTorch's antialiased bicubic resize of uint8 frames (what torchvision's `resize` runs on the CPU), in numpy.
+"""PyTorch's antialiased bicubic resize of uint8 frames (what torchvision's `resize` runs on the CPU): PyTorch's own
+kernel where it is installed and exact, else a numpy repetition of its arithmetic.
 
 HF's video processors resize with `torchvision.transforms.v2.functional.resize(..., BICUBIC, antialias=True)`
 on uint8 tensors, which is not PIL's resize: PyTorch (ATen `UpSampleKernel.cpp`, the same numbers in its AVX2

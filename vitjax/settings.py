@@ -16,6 +16,7 @@ from vitjax.checks import is_int, is_positive
 from vitjax.config import VisionConfig
 from vitjax.pipeline import DECODERS
 from vitjax.preprocess import (
+    BACKEND_CHOICES,
     IMAGE_PROCESSOR_BACKENDS,
     MAX_PIXELS,
     MIN_PIXELS,
@@ -110,8 +111,7 @@ class EncodeSettings:
         if self.decoder not in DECODERS:
             raise SettingError("decoder", self.decoder, f"must be one of {', '.join(map(repr, DECODERS))}")
         if self.image_processor_backend not in IMAGE_PROCESSOR_BACKENDS:
-            accepted = f"must be one of {', '.join(map(repr, IMAGE_PROCESSOR_BACKENDS))} (HF's image processors)"
-            raise SettingError("image_processor_backend", self.image_processor_backend, accepted)
+            raise SettingError("image_processor_backend", self.image_processor_backend, BACKEND_CHOICES)
         if not isinstance(self.progress, (bool, tqdm)):
             raise SettingError("progress", self.progress, "must be True, False or a tqdm bar")
         batch_tokens = BATCH_TOKENS if self.batch_tokens is None else self.batch_tokens
