@@ -474,3 +474,20 @@ def test_torchvision_backend_writes_out_buffers_and_refuses_other_backends(tmp_p
     np.testing.assert_array_equal(half, ref.astype(ml_dtypes.bfloat16))
     with pytest.raises(ValueError, match=r"backend must be one of 'pil', 'torchvision' .* got 'fast'"):
         preprocess_image(tmp_path / "never-read.png", backend="fast")  # refused before the input is read
+
+
+def test_sglang_on_a_host_without_cuda_gives_the_tower_the_torchvision_rows(dense):
+    """SGLang 0.5.23's own image loader and the processor it builds (`--image-processor-backend auto`), run as its
+    `prepare_artifact_batch` runs them where there is no CUDA (`device="cpu"`): the rows backend="torchvision" gives.
+    (On a GPU host SGLang decodes JPEGs with nvJPEG and resizes on the GPU: other rows, README.)"""
+    from sglang.srt.utils.common import load_image as sglang_load_image
+    from sglang.srt.utils.hf_transformers.processor import get_processor
+
+    processor = get_processor(str(dense), image_processor_backend="auto").image_processor
+    assert type(processor) is Qwen2VLImageProcessor and processor.backend == "torchvision"
+    low, high = processor.size["shortest_edge"], processor.size["longest_edge"]
+    for path in PHOTOS:
+        image, _ = sglang_load_image(path.read_bytes(), True)  # use_gpu=True: where CUDA is missing, PIL decodes
+        rows = processor(images=[image], return_tensors="pt", device="cpu")["pixel_values"].numpy()
+        ours, _ = preprocess_image(path, low, high, backend="torchvision")
+        assert np.array_equal(ours.view(np.uint32), rows.view(np.uint32)), path.name
