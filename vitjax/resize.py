@@ -152,10 +152,11 @@ def torch_is_exact() -> bool:
     """Whether PyTorch is installed and its kernel gives the numpy repetition's numbers: checked once, on a frame
     of noise shrunk, enlarged and both (a PyTorch without the uint8 kernel, which resized in float, fails it)."""
     global _torch_checked
-    with _torch_lock:
-        if _torch_checked is None:
-            _torch_checked = _torch_agrees()
-        return _torch_checked
+    if _torch_checked is None:  # every resize asks: once decided, without taking the lock the resize threads share
+        with _torch_lock:
+            if _torch_checked is None:
+                _torch_checked = _torch_agrees()
+    return _torch_checked
 
 
 def _torch_agrees() -> bool:
