@@ -67,7 +67,8 @@ def test_directory_expands_recursively_in_sorted_order(tmp_path):
 
 def test_directory_scan_follows_links_once_and_keeps_what_it_cannot_read(tmp_path):
     """A linked folder is searched once (under its real name when that is in the tree too), a link back up
-    ends, a broken link is kept as an input (loading it says why), a fifo named like an image is refused."""
+    ends (a folder scanned from below does not take in the files beside it), a broken link is kept as an input
+    (loading it says why), a fifo named like an image is refused."""
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "x.png").write_bytes(b"x")
     (tmp_path / "linked").symlink_to(tmp_path / "real")
@@ -81,6 +82,9 @@ def test_directory_scan_follows_links_once_and_keeps_what_it_cannot_read(tmp_pat
     assert names == [str(tmp_path / p) for p in ("dead.jpg", "other/y.gif", "pipe.png", "real/x.png")]
     expect_error(tmp_path / "dead.jpg", f"broken symbolic link \\(to {tmp_path / 'nowhere.jpg'}\\)")
     expect_error(tmp_path / "pipe.png", "not a regular file")
+    # from `real`, the link up is a loop, not a way out to the files beside it; a link elsewhere is followed
+    inside = [name for name, _ in expand_inputs(tmp_path / "real")]
+    assert inside == [str(tmp_path / p) for p in ("real/more/y.gif", "real/x.png")]
 
 
 def test_expand_keeps_order_and_names_every_kind(tmp_path):
