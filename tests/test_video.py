@@ -338,6 +338,32 @@ def test_a_variable_rate_file_equals_hf(tmp_path, sampling):
         assert abs(float(container.streams.video[0].average_rate) - VideoDecoder(str(path)).metadata.average_fps) > 0.1
 
 
+def write_raw_stream(path: Path, frames: np.ndarray, codec: str, pix_fmt: str = "yuv420p") -> Path:
+    """A bare codec stream, no container: FFmpeg's raw demuxer times MJPEG's frames at 25 a second, H.264's not."""
+    with av.open(str(path), "w", format=path.suffix[1:]) as container:
+        stream = container.add_stream(codec, rate=15)
+        stream.height, stream.width, stream.pix_fmt = *frames.shape[1:3], pix_fmt
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}, {"fps": 10}])
+def test_a_stream_without_a_container_equals_hf_or_is_refused_by_name(tmp_path, sampling):
+    """A raw MJPEG stream has no frame rate of its own: its frames are timed at FFmpeg's 25 a second, and HF samples
+    the same ones. A raw H.264 stream has no timestamps at all: HF (torchcodec) cannot read it, and vitjax says why,
+    where it used to say "cannot decode video (Operation not permitted)" (its seek back to the start)."""
+    h264 = write_raw_stream(tmp_path / "clip.h264", panned_clip(20, step=3), "libx264")
+    with pytest.raises(VideoInputError, match="no timestamps .* ffmpeg -framerate") as info:
+        preprocess_video(Video(h264, **sampling))
+    assert info.value.name == str(h264)
+    mjpeg = write_raw_stream(tmp_path / "clip.mjpeg", panned_clip(20, step=3), "mjpeg", "yuvj420p")
+    assert_same(preprocess_video(Video(mjpeg, **sampling)), hf_on_path(mjpeg, **sampling))
+    with pytest.raises(Exception, match="Could not seek"):
+        hf_on_path(h264, **sampling)
+
+
 @pytest.mark.parametrize(
     "rotation, quarter", [(90, True), (-90, True), (180, False), (45, True), (-45, True), (46, True), (44, False)]
 )

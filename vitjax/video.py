@@ -40,6 +40,12 @@ from vitjax.images import (
 
 # Qwen3VLVideoProcessor's defaults: frames sampled per second, and the bounds on the number sampled.
 FPS, MIN_FRAMES, MAX_FRAMES = 2.0, 4, 768
+# A raw stream without a container (an .h264 or .hevc file) times none of its frames: torchcodec, which HF and SGLang
+# read files with, cannot read one either.
+UNTIMED = (
+    "its frames have no timestamps (a raw video stream without a container?); put it in one at its frame rate "
+    "first, e.g. ffmpeg -framerate 30 -i IN -c copy OUT.mp4"
+)
 # The frame rate HF assumes when asked to sample by fps without knowing the video's own.
 DEFAULT_VIDEO_FPS = 24.0
 # Frames decoded at the start of a file to tell whether their times were shuffled by reordering (`_shuffled_times`):
@@ -243,6 +249,8 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
                 for packet in container.demux(stream)
                 if packet.size and not packet.is_discard
             ]
+            if times and all(pts is None for pts, _ in times):  # before the seek back, which such a stream refuses
+                raise VideoInputError(name, UNTIMED)
             times = [(pts, duration) for pts, duration in times if pts is not None]
             container.seek(0)
             decoded = container.decode(stream)
