@@ -415,6 +415,15 @@ def test_a_file_that_starts_between_keyframes_equals_hf(tmp_path, sampling):
     assert_same(preprocess_video(cut, **sampling), hf_on_path(cut, **sampling))
 
 
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])
+def test_a_file_of_odd_sides_equals_hf(tmp_path, sampling):
+    """4:2:0 frames of 255x175: their chroma planes (128x88) are not exactly half, so the conversion to RGB
+    interpolates. torchcodec converts with swscale's bicubic; PyAV's default bilinear put 15% of the values up to 5
+    levels away from HF's (helper-67)."""
+    path = write_clip(tmp_path / "odd.mkv", panned_clip(20, 175, 255, step=3), codec="ffv1")
+    assert_same(preprocess_video(path, **sampling), hf_on_path(path, **sampling))
+
+
 @pytest.mark.parametrize("sampling", [{"num_frames": 9}, {"fps": 7.0}])
 def test_a_file_whose_frame_times_come_out_shuffled_gives_its_frames_in_order(tmp_path, sampling):
     """H.264 with B-frames in AVI: AVI stores no presentation times, so FFmpeg guesses them from the decode order

@@ -6,11 +6,12 @@ evenly spaced, which vitjax also holds to at most 768). Files are read with PyAV
 reads them, which is torchcodec in `seek_mode="exact"` (`transformers.video_utils.read_video_torchcodec`; SGLang
 reads videos with torchcodec too): the best video stream; its frames are its packets, less those an edit list cuts,
 in presentation order; the rate is their count over their span of time (the stream's r_frame_rate if that is
-zero); a frame sampled twice comes twice; frames are converted with `to_ndarray(format="rgb24")` and turned upright
-by the stream's display matrix (a phone's portrait video). On MP4, MKV, MOV, FLV and WebM (what the tests hold it
-to) the frames are the ones HF and SGLang get. Where torchcodec mistimes frames (B-frames in AVI, MPEG-PS or MPEG-TS on
-FFmpeg 5.1, seen) vitjax takes the frames in presentation order and HF others; where the frames' own times come out
-shuffled (H.264 with B-frames in AVI), frame i is the i-th decoded (`_shuffled_times`).
+zero); a frame sampled twice comes twice; frames are converted with `to_ndarray(format="rgb24")` (swscale's
+bicubic, as torchcodec converts) and turned upright by the stream's display matrix (a phone's portrait video). On
+MP4, MKV, MOV, FLV and WebM (what the tests hold it to) the frames are the ones HF and SGLang get. Where torchcodec
+mistimes frames (B-frames in AVI, MPEG-PS, MPEG-TS or a bare MPEG-2 stream on FFmpeg 5.1, seen) vitjax takes the
+frames in presentation order and HF others; where the frames' own times come out shuffled (H.264 with B-frames in
+AVI), frame i is the i-th decoded (`_shuffled_times`).
 PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only when a file is decoded.
 """
 
@@ -349,7 +350,7 @@ def _decode(
     try:
         with av.open(os.fspath(path)) as container:
             stream = container.streams.best("video")
-            stream.thread_type = "AUTO"  # frame threads: the same frames, decoded on several cores
+            stream.thread_type = "AUTO"  # frame threads: the same frames of an intact stream, on several cores
             decoded, last, last_at = container.decode(stream), None, None
             for index, times in sorted(collections.Counter(wanted).items()):
                 start = None if starts is None or (last is not None and index == last + 1) else starts[index]
@@ -364,7 +365,9 @@ def _decode(
                         break
                 else:
                     break
-                rgb = frame.to_ndarray(format="rgb24")
+                # swscale's bicubic, as torchcodec converts (PyAV's default, bilinear, gives other colours where 4:2:0
+                # chroma is not exactly half the frame: odd sides)
+                rgb = frame.to_ndarray(format="rgb24", interpolation="BICUBIC")
                 if rgb.shape[:2] != size:
                     shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
                     raise VideoInputError(name, f"frame {index} is {shown}, the stream says {size[1]}x{size[0]}")
