@@ -34,6 +34,7 @@ from transformers.video_utils import VideoMetadata, load_video
 
 import vitjax
 import vitjax.settings
+import vitjax.video as video_module
 from vitjax import resize
 from vitjax.cli import main as cli_main
 from vitjax.preprocess import preprocess_video, video_resized_size
@@ -96,12 +97,18 @@ def panned_clip(frames: int, height: int = 176, width: int = 256, step: int = 5)
 
 
 def write_clip(
-    path: Path, frames: np.ndarray, rate: int = 15, codec: str = "libx264", options: dict | None = None
+    path: Path,
+    frames: np.ndarray,
+    rate: int = 15,
+    codec: str = "libx264",
+    options: dict | None = None,
+    pix_fmt: str = "yuv420p",
 ) -> Path:
+    """The frames encoded into the container (or bare stream: `.h264`, `.mjpeg`) the file's extension names."""
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=rate, options=options or {})
         stream.height, stream.width = frames.shape[1:3]
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = pix_fmt
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
@@ -338,27 +345,16 @@ def test_a_variable_rate_file_equals_hf(tmp_path, sampling):
         assert abs(float(container.streams.video[0].average_rate) - VideoDecoder(str(path)).metadata.average_fps) > 0.1
 
 
-def write_raw_stream(path: Path, frames: np.ndarray, codec: str, pix_fmt: str = "yuv420p") -> Path:
-    """A bare codec stream, no container: FFmpeg's raw demuxer times MJPEG's frames at 25 a second, H.264's not."""
-    with av.open(str(path), "w", format=path.suffix[1:]) as container:
-        stream = container.add_stream(codec, rate=15)
-        stream.height, stream.width, stream.pix_fmt = *frames.shape[1:3], pix_fmt
-        for frame in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
-    return path
-
-
 @pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}, {"fps": 10}])
 def test_a_stream_without_a_container_equals_hf_or_is_refused_by_name(tmp_path, sampling):
     """A raw MJPEG stream has no frame rate of its own: its frames are timed at FFmpeg's 25 a second, and HF samples
     the same ones. A raw H.264 stream has no timestamps at all: HF (torchcodec) cannot read it, and vitjax says why,
     where it used to say "cannot decode video (Operation not permitted)" (its seek back to the start)."""
-    h264 = write_raw_stream(tmp_path / "clip.h264", panned_clip(20, step=3), "libx264")
+    h264 = write_clip(tmp_path / "clip.h264", panned_clip(20, step=3))
     with pytest.raises(VideoInputError, match="no timestamps .* ffmpeg -framerate") as info:
         preprocess_video(Video(h264, **sampling))
     assert info.value.name == str(h264)
-    mjpeg = write_raw_stream(tmp_path / "clip.mjpeg", panned_clip(20, step=3), "mjpeg", "yuvj420p")
+    mjpeg = write_clip(tmp_path / "clip.mjpeg", panned_clip(20, step=3), codec="mjpeg", pix_fmt="yuvj420p")
     assert_same(preprocess_video(Video(mjpeg, **sampling)), hf_on_path(mjpeg, **sampling))
     with pytest.raises(Exception, match="Could not seek"):
         hf_on_path(h264, **sampling)
@@ -413,6 +409,45 @@ def test_a_file_that_starts_between_keyframes_equals_hf(tmp_path, sampling):
     with av.open(str(cut)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 50  # 70 packets; the 20 before a keyframe decode to none
     assert_same(preprocess_video(cut, **sampling), hf_on_path(cut, **sampling))
+
+
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}, {"fps": 1.0}])
+@pytest.mark.parametrize(
+    "name, codec, options",
+    [
+        ("b-frames.mp4", "libx264", {"g": "10", "bf": "2"}),
+        ("open-gop.mkv", "libx265", {"x265-params": "keyint=12:min-keyint=12:open-gop=1:log-level=error"}),
+        ("intra.avi", "mjpeg", {}),
+    ],
+)
+def test_frames_past_a_keyframe_are_reached_by_seeking_and_equal_hf(
+    tmp_path, monkeypatch, name, codec, options, sampling
+):
+    """A sampled frame past the next keyframe is decoded from its own group's keyframe, as torchcodec reaches it, not
+    through every frame before it: B-frames, an open group of pictures (HEVC's leading pictures before each keyframe
+    decode from the group before), and an intra-only codec (every frame a keyframe)."""
+    pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"  # full-range 4:2:0, the pixel format MJPEG takes
+    path = write_clip(tmp_path / name, panned_clip(90, step=2), codec=codec, options=options, pix_fmt=pix_fmt)
+    seeks = []
+    seek = video_module._seek
+    monkeypatch.setattr(video_module, "_seek", lambda *args: seeks.append(args[2]) or seek(*args))
+    ours = preprocess_video(path, **sampling)
+    assert len(seeks) >= 3 and all(key is not None for key in seeks)
+    assert_same(ours, hf_on_path(path, **sampling))
+
+
+def test_a_seek_that_lands_past_its_frame_decodes_from_the_start(tmp_path):
+    """Where a container's seek lands past the frame wanted (an imprecise index), the frames come from the start of
+    the file instead, so no sampled frame is skipped."""
+    path = write_clip(tmp_path / "gops.mp4", panned_clip(30, step=2), options={"g": "10", "bf": "0"})
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        keys = [packet.pts for packet in container.demux(stream) if packet.size and packet.is_keyframe]
+        assert len(keys) == 3
+        first = next(video_module._seek(container, stream, keys[1], keys[1] + 1))  # the group's keyframe
+        assert first.pts == keys[1]
+        first = next(video_module._seek(container, stream, keys[2], keys[1] + 1))  # lands past: from the start
+        assert first.pts == keys[0]
 
 
 @pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])

@@ -17,6 +17,7 @@ PyAV is an optional dependency (`pip install 'vitjax[video]'`), imported only wh
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
 import itertools
@@ -246,19 +247,19 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
             # torchcodec's scan: a frame per packet (not the empty ones PyAV adds at the end, not those an edit
             # list cuts), timed by its pts (else dts); the rate is their count over the time they span.
             times = [
-                (packet.pts if packet.pts is not None else packet.dts, packet.duration)
+                (packet.pts if packet.pts is not None else packet.dts, packet.duration, packet.is_keyframe)
                 for packet in container.demux(stream)
                 if packet.size and not packet.is_discard
             ]
-            if times and all(pts is None for pts, _ in times):  # before the seek back, which such a stream refuses
+            if times and all(pts is None for pts, _, _ in times):  # before the seek back, which such a stream refuses
                 raise VideoInputError(name, UNTIMED)
-            times = [(pts, duration) for pts, duration in times if pts is not None]
+            times = [(pts, duration, key) for pts, duration, key in times if pts is not None]
             container.seek(0)
             decoded = container.decode(stream)
             first = next(decoded, None) if times else None
             if first is None:
                 raise VideoInputError(name, "video stream has no frames")
-            by_count = _shuffled_times(stream, [pts for pts, _ in times], first, decoded)
+            by_count = _shuffled_times(stream, [pts for pts, _, _ in times], first, decoded)
             turns = _quarter_turns(_rotation(first))
             # read while the file is open: the stream's fields live in FFmpeg's memory, freed when it closes
             unit, base_rate = stream.time_base.numerator / stream.time_base.denominator, stream.base_rate
@@ -269,16 +270,17 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     except ValueError as e:  # check_pixels, a rotation that is no quarter turn
         raise VideoInputError(name, str(e)) from e
-    span = max(pts + duration for pts, duration in times) * unit - min(pts for pts, _ in times) * unit
+    span = max(pts + duration for pts, duration, _ in times) * unit - min(pts for pts, _, _ in times) * unit
     rate = len(times) / span if span else float(base_rate) if base_rate else None
     try:
         wanted = _indices(video, len(times), min_frames, max_frames, rate).tolist()
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
-    starts = sorted(pts for pts, _ in times)  # frame i is the first decoded at or after starts[i]
+    starts = sorted(pts for pts, _, _ in times)  # frame i is the first decoded at or after starts[i]
+    keys = sorted(pts for pts, _, key in times if key)
 
     def frames() -> Iterator[np.ndarray]:
-        yield from _decode(av, path, name, wanted, None if by_count else starts, len(starts), size, turns)
+        yield from _decode(av, path, name, wanted, None if by_count else (starts, keys), len(starts), size, turns)
 
     def digest() -> str:
         h = hashlib.sha256()  # the file's own sha256, as `sha256sum` gives it (and DALI's items)
@@ -288,6 +290,20 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         return h.hexdigest()
 
     return Clip(len(wanted), *(size[::-1] if turns % 2 else size), frames, digest)
+
+
+def _seek(container, stream, key: int | None, start: int) -> Iterator:
+    """Decoded frames from the keyframe at `key` (from the start of the file without one), checked: where the container
+    seeks imprecisely and its first frame is past `start`, from the start of the file."""
+    if key is not None:
+        container.seek(key, stream=stream)  # backward: to the keyframe at `key`
+        decoded = container.decode(stream)
+        first = next(decoded, None)
+        at = None if first is None else _time(first)
+        if at is not None and at <= start:
+            return itertools.chain([first], decoded)
+    container.seek(0)
+    return container.decode(stream)
 
 
 def _shuffled_times(stream, packet_times: list[int], first, decoded: Iterator) -> bool:
@@ -336,16 +352,18 @@ def _decode(
     path: Path,
     name: str,
     wanted: list[int],
-    starts: list[int] | None,
+    timing: tuple[list[int], list[int]] | None,
     count: int,
     size: tuple[int, int],
     turns: int,
 ) -> Iterator[np.ndarray]:
     """Frames `wanted` (sorted indices, repeats included), turned upright, picked as torchcodec picks them: for the
-    index after the last one taken, the next frame decoded; else the first decoded at or after the index's time,
-    decoding again from the start where that time is not past the last frame taken (torchcodec seeks back there).
-    They differ from the i-th decoded frames only where a stream decodes fewer frames than it has packets (one
-    that starts between keyframes). Without `starts` (times that mean nothing), the i-th decoded frames."""
+    index after the last one taken, the next frame decoded; else the first decoded at or after the index's time
+    (`timing`: the frames' start times and the keyframes' times), seeking to the keyframe before that time where it
+    is behind the last frame taken or past the next keyframe (torchcodec seeks there too; the frames in between are
+    not decoded). They differ from the i-th decoded frames only where a stream decodes fewer frames than it has
+    packets (one that starts between keyframes). Without `timing` (times that mean nothing), the i-th decoded frames."""
+    starts, keys = timing if timing is not None else (None, [])
     got, position = 0, 0  # frames taken; frames decoded
     try:
         with av.open(os.fspath(path)) as container:
@@ -354,9 +372,11 @@ def _decode(
             decoded, last, last_at = container.decode(stream), None, None
             for index, times in sorted(collections.Counter(wanted).items()):
                 start = None if starts is None or (last is not None and index == last + 1) else starts[index]
-                if start is not None and last_at is not None and start <= last_at:
-                    container.seek(0)
-                    decoded = container.decode(stream)
+                if start is not None:
+                    key = keys[bisect.bisect_right(keys, start) - 1] if keys and keys[0] <= start else None
+                    behind = last_at is not None and start <= last_at
+                    if behind or key is not None and key > (last_at if last_at is not None else keys[0]):
+                        decoded = _seek(container, stream, key, start)
                 for frame in decoded:
                     at, position = _time(frame), position + 1
                     if starts is None and position - 1 < index:
