@@ -6,7 +6,8 @@ evenly spaced, which vitjax also holds to at most 768). Files are read with PyAV
 reads them, which is torchcodec in `seek_mode="exact"` (`transformers.video_utils.read_video_torchcodec`; SGLang
 reads videos with torchcodec too): the best video stream; its frames are its packets, less those an edit list cuts,
 in presentation order; the rate is their count over their span of time (the stream's r_frame_rate if that is
-zero); a frame sampled twice comes twice; frames are converted with `to_ndarray(format="rgb24")` (swscale's
+zero); a frame sampled twice comes twice; a frame past the next keyframe is reached by seeking to its own keyframe
+(the frames in between are not decoded); frames are converted with `to_ndarray(format="rgb24")` (swscale's
 bicubic, as torchcodec converts) and turned upright by the stream's display matrix (a phone's portrait video). On
 MP4, MKV, MOV, FLV and WebM (what the tests hold it to) the frames are the ones HF and SGLang get. Where torchcodec
 mistimes frames (B-frames in AVI, MPEG-PS, MPEG-TS or a bare MPEG-2 stream on FFmpeg 5.1, seen) vitjax takes the
