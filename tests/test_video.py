@@ -429,25 +429,40 @@ def test_frames_past_a_keyframe_are_reached_by_seeking_and_equal_hf(
     pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"  # full-range 4:2:0, the pixel format MJPEG takes
     path = write_clip(tmp_path / name, panned_clip(90, step=2), codec=codec, options=options, pix_fmt=pix_fmt)
     seeks = []
-    seek = video_module._seek
-    monkeypatch.setattr(video_module, "_seek", lambda *args: seeks.append(args[2]) or seek(*args))
+    seek = video_module._FileFrames.from_keyframe
+    monkeypatch.setattr(video_module._FileFrames, "from_keyframe", lambda *args: seeks.append(args) or seek(*args))
     ours = preprocess_video(path, **sampling)
-    assert len(seeks) >= 3 and all(key is not None for key in seeks)
+    assert len(seeks) >= 3 and seeks[-1][0].seeks  # every seek landed where it should
     assert_same(ours, hf_on_path(path, **sampling))
 
 
-def test_a_seek_that_lands_past_its_frame_decodes_from_the_start(tmp_path):
-    """Where a container's seek lands past the frame wanted (an imprecise index), the frames come from the start of
-    the file instead, so no sampled frame is skipped."""
-    path = write_clip(tmp_path / "gops.mp4", panned_clip(30, step=2), options={"g": "10", "bf": "0"})
+@pytest.mark.parametrize("sampling", [{"num_frames": 8}, {"num_frames": 40}])
+def test_a_clock_that_wraps_midway_gives_the_frames_in_order(tmp_path, monkeypatch, sampling):
+    """MPEG-TS's 33-bit clock wraps every 26.5 hours (a broadcast recording): FFmpeg gives the frames before the wrap
+    negative times. Its seeks (B-frames in MPEG-TS) land past the keyframe asked for, so seeking is turned off and the
+    frames come from the start of the file, opened again (a seek to time 0 went mid-file, and later frames came)."""
+    frames = panned_clip(150, step=1)
+    path = tmp_path / "wrap.ts"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30, options={"g": "10", "bf": "2"})
+        stream.height, stream.width, stream.pix_fmt = *frames.shape[1:3], "yuv420p"
+        for packets in [
+            *(stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")) for f in frames),
+            stream.encode(),
+        ]:
+            for packet in packets:
+                shift = int((2**33 / 90_000 - 2.5) / packet.time_base)  # the clock wraps 2.5 s in
+                packet.pts, packet.dts = packet.pts + shift, packet.dts + shift
+                container.mux(packet)
     with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        keys = [packet.pts for packet in container.demux(stream) if packet.size and packet.is_keyframe]
-        assert len(keys) == 3
-        first = next(video_module._seek(container, stream, keys[1], keys[1] + 1))  # the group's keyframe
-        assert first.pts == keys[1]
-        first = next(video_module._seek(container, stream, keys[2], keys[1] + 1))  # lands past: from the start
-        assert first.pts == keys[0]
+        decoded = [frame for frame in container.decode(video=0)]
+    assert len(decoded) == 150 and decoded[0].pts < 0 < decoded[-1].pts
+    in_order = np.stack([frame.to_ndarray(format="rgb24", interpolation="BICUBIC") for frame in decoded])
+    seeks = []
+    seek = video_module._FileFrames.from_keyframe
+    monkeypatch.setattr(video_module._FileFrames, "from_keyframe", lambda *args: seeks.append(args) or seek(*args))
+    assert_same(preprocess_video(path, **sampling), preprocess_video(Video(in_order, **sampling)))
+    assert len(seeks) == 1 and not seeks[0][0].seeks  # the one seek landed past, and turned seeking off
 
 
 @pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}])

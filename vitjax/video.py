@@ -247,38 +247,42 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
             check_pixels(stream.width, stream.height, "video frame")
             # torchcodec's scan: a frame per packet (not the empty ones PyAV adds at the end, not those an edit
             # list cuts), timed by its pts (else dts); the rate is their count over the time they span.
-            times = [
+            packets = [
                 (packet.pts if packet.pts is not None else packet.dts, packet.duration, packet.is_keyframe)
                 for packet in container.demux(stream)
                 if packet.size and not packet.is_discard
             ]
-            if times and all(pts is None for pts, _, _ in times):  # before the seek back, which such a stream refuses
-                raise VideoInputError(name, UNTIMED)
-            times = [(pts, duration, key) for pts, duration, key in times if pts is not None]
-            container.seek(0)
-            decoded = container.decode(stream)
-            first = next(decoded, None) if times else None
-            if first is None:
-                raise VideoInputError(name, "video stream has no frames")
-            by_count = _shuffled_times(stream, [pts for pts, _, _ in times], first, decoded)
-            turns = _quarter_turns(_rotation(first))
             # read while the file is open: the stream's fields live in FFmpeg's memory, freed when it closes
             unit, base_rate = stream.time_base.numerator / stream.time_base.denominator, stream.base_rate
             size = (stream.height, stream.width)
+        timed = [(pts, duration, key) for pts, duration, key in packets if pts is not None]
+        if packets and not timed:
+            raise VideoInputError(name, UNTIMED)
+        times = [pts for pts, _, _ in timed]
+        source = _FileFrames(av, path)
+        try:
+            decoded = source.from_start()
+            first = next(decoded, None) if times else None
+            if first is None:
+                raise VideoInputError(name, "video stream has no frames")
+            by_count = _shuffled_times(source.stream, times, first, decoded)
+            turns = _quarter_turns(_rotation(first))
+        finally:
+            source.close()
     except VideoInputError:
         raise
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
     except ValueError as e:  # check_pixels, a rotation that is no quarter turn
         raise VideoInputError(name, str(e)) from e
-    span = max(pts + duration for pts, duration, _ in times) * unit - min(pts for pts, _, _ in times) * unit
+    span = max(pts + duration for pts, duration, _ in timed) * unit - min(times) * unit
     rate = len(times) / span if span else float(base_rate) if base_rate else None
     try:
         wanted = _indices(video, len(times), min_frames, max_frames, rate).tolist()
     except ValueError as e:
         raise VideoInputError(name, str(e)) from e
-    starts = sorted(pts for pts, _, _ in times)  # frame i is the first decoded at or after starts[i]
-    keys = sorted(pts for pts, _, key in times if key)
+    starts = sorted(times)  # frame i is the first decoded at or after starts[i]
+    keys = sorted(pts for pts, _, key in timed if key)
 
     def frames() -> Iterator[np.ndarray]:
         yield from _decode(av, path, name, wanted, None if by_count else (starts, keys), len(starts), size, turns)
@@ -291,20 +295,6 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         return h.hexdigest()
 
     return Clip(len(wanted), *(size[::-1] if turns % 2 else size), frames, digest)
-
-
-def _seek(container, stream, key: int | None, start: int) -> Iterator:
-    """Decoded frames from the keyframe at `key` (from the start of the file without one), checked: where the container
-    seeks imprecisely and its first frame is past `start`, from the start of the file."""
-    if key is not None:
-        container.seek(key, stream=stream)  # backward: to the keyframe at `key`
-        decoded = container.decode(stream)
-        first = next(decoded, None)
-        at = None if first is None else _time(first)
-        if at is not None and at <= start:
-            return itertools.chain([first], decoded)
-    container.seek(0)
-    return container.decode(stream)
 
 
 def _shuffled_times(stream, packet_times: list[int], first, decoded: Iterator) -> bool:
@@ -348,6 +338,38 @@ def _quarter_turns(degrees: float | None) -> int:
     return turns % 4
 
 
+class _FileFrames:
+    """A video file's decoded frames from its start, or from a keyframe. The start is the file opened again: a seek to
+    time 0 is not the start where the times are negative or wrap (MPEG-TS's 33-bit clock, in a broadcast recording). A
+    seek that lands past the frame wanted (MPEG-PS and MPEG-TS with B-frames seek imprecisely) turns seeking off for the
+    file, whose frames then come from its start."""
+
+    def __init__(self, av, path: Path):
+        self._av, self._path, self._container, self.stream = av, path, None, None
+        self.seeks = True
+
+    def from_start(self) -> Iterator:
+        self.close()
+        self._container = self._av.open(os.fspath(self._path))
+        self.stream = self._container.streams.best("video")
+        self.stream.thread_type = "AUTO"  # frame threads: the same frames of an intact stream, on several cores
+        return self._container.decode(self.stream)
+
+    def from_keyframe(self, key: int, start: int) -> Iterator:
+        """From the keyframe at time `key`, if the seek lands at or before `start`; else from the start."""
+        self._container.seek(key, stream=self.stream)  # backward: to the keyframe at `key`
+        decoded = self._container.decode(self.stream)
+        first = next(decoded, None)
+        if first is not None and _time(first) is not None and _time(first) <= start:
+            return itertools.chain([first], decoded)
+        self.seeks = False
+        return self.from_start()
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._container.close()
+
+
 def _decode(
     av,
     path: Path,
@@ -360,43 +382,48 @@ def _decode(
 ) -> Iterator[np.ndarray]:
     """Frames `wanted` (sorted indices, repeats included), turned upright, picked as torchcodec picks them: for the
     index after the last one taken, the next frame decoded; else the first decoded at or after the index's time
-    (`timing`: the frames' start times and the keyframes' times), seeking to the keyframe before that time where it
-    is behind the last frame taken or past the next keyframe (torchcodec seeks there too; the frames in between are
-    not decoded). They differ from the i-th decoded frames only where a stream decodes fewer frames than it has
-    packets (one that starts between keyframes). Without `timing` (times that mean nothing), the i-th decoded frames."""
+    (`timing`: the frames' start times and the keyframes' times). Where that time is behind the last frame taken, or
+    its keyframe (the last at or before it) is past the last frame taken, decoding goes to that keyframe, as torchcodec
+    seeks there (the frames in between are not decoded). They differ from the i-th decoded frames where a stream
+    decodes fewer frames than it has packets (one that starts between keyframes), and where it is damaged (packets
+    flagged as keyframes that are none, or frames sharing a time). Without `timing` (times that mean nothing), the
+    i-th decoded frames, without seeks."""
     starts, keys = timing if timing is not None else (None, [])
-    got, position = 0, 0  # frames taken; frames decoded
+    got, position = 0, 0  # frames taken; frames decoded (read without `timing`, where nothing seeks)
+    source = _FileFrames(av, path)
     try:
-        with av.open(os.fspath(path)) as container:
-            stream = container.streams.best("video")
-            stream.thread_type = "AUTO"  # frame threads: the same frames of an intact stream, on several cores
-            decoded, last, last_at = container.decode(stream), None, None
-            for index, times in sorted(collections.Counter(wanted).items()):
-                start = None if starts is None or (last is not None and index == last + 1) else starts[index]
-                if start is not None:
-                    key = keys[bisect.bisect_right(keys, start) - 1] if keys and keys[0] <= start else None
-                    behind = last_at is not None and start <= last_at
-                    if behind or key is not None and key > (last_at if last_at is not None else keys[0]):
-                        decoded = _seek(container, stream, key, start)
-                for frame in decoded:
-                    at, position = _time(frame), position + 1
-                    if starts is None and position - 1 < index:
-                        continue
-                    if start is None or (at is not None and at >= start):
-                        break
-                else:
+        decoded, last, last_at = source.from_start(), None, None
+        for index, times in sorted(collections.Counter(wanted).items()):
+            start = None if starts is None or (last is not None and index == last + 1) else starts[index]
+            if start is not None:
+                after = bisect.bisect_right(keys, start)
+                key = keys[after - 1] if after and source.seeks else None
+                here = last_at if last_at is not None else keys[0] if keys else None  # where decoding stands
+                if last_at is not None and start <= last_at:
+                    decoded = source.from_start() if key is None else source.from_keyframe(key, start)
+                elif key is not None and key > here:
+                    decoded = source.from_keyframe(key, start)
+            for frame in decoded:
+                at, position = _time(frame), position + 1
+                if starts is None and position - 1 < index:
+                    continue
+                if start is None or (at is not None and at >= start):
                     break
-                # swscale's bicubic, as torchcodec converts (PyAV's default, bilinear, gives other colours where 4:2:0
-                # chroma is not exactly half the frame: odd sides)
-                rgb = frame.to_ndarray(format="rgb24", interpolation="BICUBIC")
-                if rgb.shape[:2] != size:
-                    shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
-                    raise VideoInputError(name, f"frame {index} is {shown}, the stream says {size[1]}x{size[0]}")
-                rgb = np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
-                got, last, last_at = got + times, index, at
-                for _ in range(times):
-                    yield rgb
+            else:
+                break
+            # swscale's bicubic, as torchcodec converts (PyAV's default, bilinear, gives other colours where 4:2:0
+            # chroma is not exactly half the frame: odd sides)
+            rgb = frame.to_ndarray(format="rgb24", interpolation="BICUBIC")
+            if rgb.shape[:2] != size:
+                shown = f"{rgb.shape[1]}x{rgb.shape[0]}"
+                raise VideoInputError(name, f"frame {index} is {shown}, the stream says {size[1]}x{size[0]}")
+            rgb = np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
+            got, last, last_at = got + times, index, at
+            for _ in range(times):
+                yield rgb
     except (av.FFmpegError, OSError) as e:
         raise VideoInputError(name, f"cannot decode video ({getattr(e, 'strerror', None) or e})") from e
+    finally:
+        source.close()
     if got < len(wanted):
         raise VideoInputError(name, f"decoded {got} of the {len(wanted)} frames sampled (the file has {count} frames)")
