@@ -55,14 +55,9 @@ def write_clip(path: Path, height: int, width: int, seconds: float, rate: int = 
 
 
 def sequential_decode() -> mock._patch:
-    """A context in which files are decoded frame after frame up to the last one sampled, seeking only back (the path
-    before 2026-11-28): the keyframes' times are withheld from the decoder."""
-    decode = video._decode
-
-    def without_keyframes(av, path, name, wanted, timing, *rest):
-        return decode(av, path, name, wanted, timing and (timing[0], []), *rest)
-
-    return mock.patch.object(video, "_decode", without_keyframes)
+    """A context in which files are decoded frame after frame up to the last frame sampled (the path before
+    2026-11-28's seeks): every file's seeking is off from the start."""
+    return mock.patch.object(video._FileFrames, "seeks", False)
 
 
 def main() -> None:

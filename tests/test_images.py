@@ -85,6 +85,14 @@ def test_directory_scan_follows_links_once_and_keeps_what_it_cannot_read(tmp_pat
     # from `real`, the link up is a loop, not a way out to the files beside it; a link elsewhere is followed
     inside = [name for name, _ in expand_inputs(tmp_path / "real")]
     assert inside == [str(tmp_path / p) for p in ("real/more/y.gif", "real/x.png")]
+    # a scanned link (home/photos, to store/p) whose folder links back to the folder holding the link (home)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "beside.png").write_bytes(b"x")
+    (tmp_path / "store" / "p").mkdir(parents=True)
+    (tmp_path / "store" / "p" / "z.png").write_bytes(b"z")
+    (tmp_path / "store" / "p" / "back").symlink_to(tmp_path / "home")
+    (tmp_path / "home" / "photos").symlink_to(tmp_path / "store" / "p")
+    assert [name for name, _ in expand_inputs(tmp_path / "home" / "photos")] == [str(tmp_path / "home/photos/z.png")]
 
 
 def test_expand_keeps_order_and_names_every_kind(tmp_path):

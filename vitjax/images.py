@@ -81,8 +81,8 @@ def input_name(source: object, index: int = 0) -> str:
 
 def _files_under(directory: Path) -> list[Path]:
     """Files below `directory` with an image or video extension, recursively, sorted; links to folders are followed, a
-    folder reached twice is searched once, and a link to a folder above it (a loop, as `find -L` calls it) is not
-    followed: it would bring in the files beside `directory`.
+    folder reached twice is searched once, and a link to a folder above it (a loop) is not followed: it would bring in
+    the files beside `directory`.
 
     Hidden files and folders are skipped. What looks like an input but cannot be one is kept, so that loading
     it reports why by name: broken links, unreadable files, and folders that cannot be listed.
@@ -95,19 +95,22 @@ def _files_under(directory: Path) -> list[Path]:
             dirs.clear()
             continue
         seen.add(real)
-        visible = sorted(d for d in dirs if not d.startswith(".") and not _loops(os.path.join(root, d), real))
+        visible = sorted(d for d in dirs if not d.startswith(".") and not _loops(os.path.join(root, d), root))
         # folders before links: real names win
         dirs[:] = sorted(visible, key=lambda d: os.path.islink(os.path.join(root, d)))
         found.extend(Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in _EXTENSIONS)
     return sorted(found)
 
 
-def _loops(folder: str, real_parent: str) -> bool:
-    """Whether `folder` is a link to the folder that holds it or to one above that."""
+def _loops(folder: str, parent: str) -> bool:
+    """Whether `folder` is a link to the folder that holds it or to one above that, by the path walked or the real one
+    (a scanned folder that is itself a link has two sets of folders above it)."""
     if not os.path.islink(folder):
         return False
     target = os.path.realpath(folder)
-    return os.path.commonpath([target, real_parent]) == target
+    return any(
+        os.path.commonpath([target, above]) == target for above in (os.path.realpath(parent), os.path.abspath(parent))
+    )
 
 
 def expand_inputs(inputs: ImageSource | Iterable[ImageSource]) -> list[tuple[str, object]]:

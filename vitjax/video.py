@@ -259,7 +259,7 @@ def _probe_file(path: Path, name: str, video: Video, min_frames: int, max_frames
         if packets and not timed:
             raise VideoInputError(name, UNTIMED)
         times = [pts for pts, _, _ in timed]
-        source = _FileFrames(av, path)
+        source = _FileFrames(av, path, frame_threads=False)
         try:
             decoded = source.from_start()
             first = next(decoded, None) if times else None
@@ -340,26 +340,32 @@ def _quarter_turns(degrees: float | None) -> int:
 
 class _FileFrames:
     """A video file's decoded frames from its start, or from a keyframe. The start is the file opened again: a seek to
-    time 0 is not the start where the times are negative or wrap (MPEG-TS's 33-bit clock, in a broadcast recording). A
-    seek that lands past the frame wanted (MPEG-PS and MPEG-TS with B-frames seek imprecisely) turns seeking off for the
-    file, whose frames then come from its start."""
+    time 0 is not the start where the times are negative or wrap (MPEG-TS's 33-bit clock, in a broadcast recording).
+    The first seek that fails or lands past the frame wanted (MPEG-PS, MPEG-TS with B-frames and x264's intra-refresh
+    streams seek imprecisely) turns seeking off for the file, whose frames then come from its start."""
 
-    def __init__(self, av, path: Path):
-        self._av, self._path, self._container, self.stream = av, path, None, None
-        self.seeks = True
+    seeks = True
+
+    def __init__(self, av, path: Path, frame_threads: bool = True):
+        self._av, self._path, self._threads = av, path, frame_threads
+        self._container, self.stream = None, None
 
     def from_start(self) -> Iterator:
         self.close()
         self._container = self._av.open(os.fspath(self._path))
         self.stream = self._container.streams.best("video")
-        self.stream.thread_type = "AUTO"  # frame threads: the same frames of an intact stream, on several cores
+        if self._threads:
+            self.stream.thread_type = "AUTO"  # frame threads: the same frames of an intact stream, on several cores
         return self._container.decode(self.stream)
 
     def from_keyframe(self, key: int, start: int) -> Iterator:
         """From the keyframe at time `key`, if the seek lands at or before `start`; else from the start."""
-        self._container.seek(key, stream=self.stream)  # backward: to the keyframe at `key`
-        decoded = self._container.decode(self.stream)
-        first = next(decoded, None)
+        try:
+            self._container.seek(key, stream=self.stream)  # backward: to the keyframe at `key`
+            decoded = self._container.decode(self.stream)
+            first = next(decoded, None)
+        except self._av.FFmpegError:
+            first = None
         if first is not None and _time(first) is not None and _time(first) <= start:
             return itertools.chain([first], decoded)
         self.seeks = False
@@ -398,10 +404,9 @@ def _decode(
             if start is not None:
                 after = bisect.bisect_right(keys, start)
                 key = keys[after - 1] if after and source.seeks else None
-                here = last_at if last_at is not None else keys[0] if keys else None  # where decoding stands
                 if last_at is not None and start <= last_at:
                     decoded = source.from_start() if key is None else source.from_keyframe(key, start)
-                elif key is not None and key > here:
+                elif key is not None and key > (keys[0] if last_at is None else last_at):  # keys[0]: the file's start
                     decoded = source.from_keyframe(key, start)
             for frame in decoded:
                 at, position = _time(frame), position + 1
