@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_vit import median_time
-from cpu_bench import cpu_meta, numpy_resize  # bench/ is on sys.path when run as a script
+from cpu_bench import cpu_meta, numpy_resize, save_rows  # bench/ is on sys.path when run as a script
 from PIL import Image
 
 from vitjax.preprocess import preprocess_image
@@ -80,11 +80,7 @@ def main() -> None:
                 row.update(impl=impl, backend=backend, ms=seconds * 1e3, ms_all=[round(t * 1e3, 1) for t in times])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / f"cpu-image-processor-{meta['date']}.jsonl").open("a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    for r in rows:
-        print(f"{r['workload']:36} {r['impl']:19} {r['backend']:11} {r['ms']:8.1f} ms")
+    save_rows(rows, args.out, "image-processor", {"workload": 36, "impl": 19, "backend": 11})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from unittest import mock
 import av
 import numpy as np
 from bench_vit import median_time
-from cpu_bench import cpu_meta, numpy_resize
+from cpu_bench import cpu_meta, numpy_resize, save_rows
 from PIL import Image
 
 from vitjax import video
@@ -127,11 +127,7 @@ def main() -> None:
                     row = {**meta, "script": "bench_video", "workload": workload, "grid_thw": grid[0].tolist()}
                     rows.append({**row, "impl": impl, "part": part, "ms": ms, "ms_all": [round(t, 1) for t in times]})
                     print(json.dumps(rows[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / f"cpu-video-{meta['date']}.jsonl").open("a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    for r in rows:
-        print(f"{r['workload']:75} {r['impl']:19} {r['part']:11} {r['ms']:9.1f} ms")
+    save_rows(rows, args.out, "video", {"workload": 75, "impl": 19, "part": 11})
 
 
 if __name__ == "__main__":
