@@ -5,7 +5,8 @@ tests/data/images, each cropped differently), as encoded bytes. HF: `Qwen2VLImag
 Qwen3-VL's settings (decode, resize, normalize, patchify on the CPU), then its `Qwen3VLVisionModel`
 (sdpa, bf16) on the GPU. vitjax: `Encoder.encode(jpeg_bytes)` with the embedding cache off (decode and
 preprocessing in threads, bucketed tower) on the same weights. Both are timed until the embeddings are
-ready on the GPU; the CPU-side preprocessing of each is also timed alone.
+ready on the GPU; the CPU-side preprocessing of each is also timed alone (vitjax's into rows of each dtype it has
+sent: uint8 levels since 2026-11-28, bfloat16 before).
 
     PYTHONPATH=. python bench/bench_encode.py --out bench/results
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax
+import ml_dtypes
 import numpy as np
 from PIL import Image
 
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vit import PRESET, flops, median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
-from vitjax.preprocess import preprocess_image  # noqa: E402
+from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
 
 PHOTOS = Path(__file__).resolve().parents[1] / "tests" / "data" / "images"
 
@@ -78,8 +80,9 @@ def main() -> None:
     parser.add_argument(
         "--paths",
         default="shipped",
-        help="vitjax end to end: code paths in this order, comma-separated, repeats allowed: shipped, or "
-        "inline_dispatch (each call dispatched from the encode's own thread, as before 2026-11-27)",
+        help="vitjax end to end: code paths in this order, comma-separated, repeats allowed: shipped, "
+        "inline_dispatch (each call dispatched from the encode's own thread, as before 2026-11-27), or bf16_rows "
+        "(rows made and sent as bfloat16 values, as before 2026-11-28, not as uint8 levels)",
     )
     parser.add_argument(
         "--switch-intervals",
@@ -146,21 +149,24 @@ def main() -> None:
     torch.cuda.empty_cache()
 
     workers = min(8, os.cpu_count() or 1)
+    shapes = [(int(np.prod(g)), cfg.patch_dim) for g in grids]
+    for dtype in (LEVELS, np.dtype(ml_dtypes.bfloat16)):
 
-    def vj_preprocess():
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(preprocess_image, data))
+        def vj_preprocess(dtype=dtype):
+            with ThreadPoolExecutor(workers) as pool:
+                return list(pool.map(lambda b, shape: preprocess_image(b, out=np.empty(shape, dtype)), data, shapes))
 
-    t, times = median_time(vj_preprocess, 5)
-    emit(
-        {
-            "impl": "vitjax",
-            "part": "preprocess",
-            "ms": t * 1e3,
-            "ms_all": [round(v * 1e3, 2) for v in times],
-            "threads": workers,
-        }
-    )
+        t, times = median_time(vj_preprocess, 5)
+        emit(
+            {
+                "impl": "vitjax",
+                "part": f"preprocess {dtype.name}",
+                "ms": t * 1e3,
+                "ms_all": [round(v * 1e3, 2) for v in times],
+                "threads": workers,
+                "rows": dtype.name,
+            }
+        )
     # Calls of each --batch-tokens (tokens per device: with several devices each call is split over them).
     for devices in (int(n) for n in args.devices.split(",")):
         enc = vitjax.Encoder.from_pretrained(weights_dir, dtype="bfloat16", cache_bytes=0, devices=devices)
@@ -169,15 +175,19 @@ def main() -> None:
         paths = args.paths.split(",")
         runs = [(d, b, i, p) for d in args.decoders.split(",") for b in sizes for i in intervals for p in paths]
         default_interval = sys.getswitchinterval()
-        shipped_dispatch = enc._dispatch
+        shipped_dispatch, shipped_rows = enc._dispatch, enc._row_dtype
         for decoder, batch_tokens, interval, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
             enc._dispatch = inline_dispatch(enc) if path == "inline_dispatch" else shipped_dispatch
+            enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if path == "bf16_rows" else shipped_rows
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
                 jax.block_until_ready([o.features for o in out])
 
+            vj_end_to_end()  # the second call of a size starts its fitted bucket's compile: timed calls run there
+            for engine in enc.parallel.engines:
+                engine.settle()
             t, times = median_time(vj_end_to_end, 5)
             emit(
                 {
@@ -192,10 +202,29 @@ def main() -> None:
                     "batch_tokens": batch_tokens,
                     "devices": devices,
                     "switch_interval_ms": sys.getswitchinterval() * 1e3,
+                    "rows": enc._row_dtype.name,
                     **({"path": path} if path != "shipped" else {}),
                 }
             )
         sys.setswitchinterval(default_interval)
+        # The two row forms give the same embeddings: levels mapped on the device are the bf16 values the host made.
+        features = {}
+        for row_dtype in (shipped_rows, np.dtype(ml_dtypes.bfloat16)):
+            enc._row_dtype = row_dtype
+            out = enc.encode(data, batch_tokens=sizes[0], decoder="pil")
+            features[row_dtype.name] = np.concatenate([np.asarray(o.features, np.float32) for o in out])
+        enc._row_dtype = shipped_rows
+        a, b = features.values()
+        emit(
+            {
+                "impl": "vitjax",
+                "part": "levels_against_bf16_rows" + (f"x{devices}gpu" if devices > 1 else ""),
+                "identical": bool(np.array_equal(a, b)),
+                "max_abs_diff": float(np.abs(a - b).max()),
+                "cosine": float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)),
+                "devices": devices,
+            }
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = results_file(args.out, meta)
@@ -203,7 +232,7 @@ def main() -> None:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"\n{'impl':8} {'part':22} {'ms':>9}")
     for r in rows:
-        print(f"{r['impl']:8} {r['part']:22} {r.get('path', ''):16} {r['ms']:9.1f}")
+        print(f"{r['impl']:8} {r['part']:22} {r.get('path', ''):16} {r.get('ms', float('nan')):9.1f}")
 
 
 if __name__ == "__main__":

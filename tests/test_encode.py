@@ -267,10 +267,10 @@ def test_the_next_call_is_prepared_while_a_dispatch_waits_for_the_device(enc, ch
             added.set()
         return real_add(batch, item, *a)
 
-    def encode_patches(pixels, grids):
+    def encode_patches(pixels, grids, **kw):
         if not added.is_set():
             assert added.wait(30), "the next batch was not prepared while this call was dispatched"
-        return real_encode(pixels, grids)
+        return real_encode(pixels, grids, **kw)
 
     monkeypatch.setattr(vitjax.pipeline.Batch, "add", add)
     monkeypatch.setattr(single, "encode_patches", encode_patches)
@@ -296,7 +296,7 @@ def test_a_failed_encode_leaves_a_key_it_settled_to_whoever_claimed_it_again():
         except BaseException as e:  # A's failure is the point
             results[name] = e
 
-    def encode_patches(pixels, grids):
+    def encode_patches(pixels, grids, **kw):
         calls.append(threading.current_thread().name)
         if len(calls) == 2:  # A's second call (y): B claims x again, C waits on B's claim; then this call fails
             threading.Thread(target=run, args=("B", [x]), name="B").start()
@@ -310,7 +310,7 @@ def test_a_failed_encode_leaves_a_key_it_settled_to_whoever_claimed_it_again():
         if len(calls) == 3:  # B's call, held until A has failed
             b_claimed.set()
             assert release.wait(60)
-        return real(pixels, grids)
+        return real(pixels, grids, **kw)
 
     enc.encode_patches = encode_patches
     run("A", [x, y], batch_tokens=1)

@@ -535,7 +535,7 @@ def test_a_bucket_needed_by_several_threads_at_once_compiles_once():
 
 
 def test_default_warmup_compiles_what_encode_sends():
-    """A bf16 tower's `encode` sends bf16 pixel rows (PIL and videos): the default warm-up compiles those, so the
+    """A bf16 tower's `encode` sends uint8 levels (PIL and videos): the default warm-up compiles those, so the
     first request compiles nothing; float32 rows (`encode_patches` of HF's pixel_values) are another program."""
     shapes = nnx.to_pure_dict(nnx.state(abstract_tower(CFG, jnp.float32)))
     params = jax.tree.map(lambda s: np.full(s.shape, 0.01, np.float32), shapes)
@@ -565,12 +565,12 @@ def test_buckets_named_for_a_warm_up_are_refused_by_name_before_any_compile():
 
 def test_a_warm_up_for_dali_compiles_both_pixel_dtypes_of_buckets_given_once():
     """Where the default decoder is DALI (a GPU with DALI installed), a bf16 tower's warm-up compiles the float32
-    programs DALI's rows need beside the bf16 ones, also for buckets given as a generator (read once per dtype)."""
+    programs DALI's rows need beside the levels ones, also for buckets given as a generator (read once per dtype)."""
     enc = _random_encoder(dtype="bfloat16")
     enc.resolve_decoder = lambda decoder="auto": "dali"
     enc.warmup((b for b in [Bucket(64, 1)]), run=False)
     dtypes = sorted(key[1].name for key in enc.parallel.engines[0]._executables)
-    assert dtypes == ["bfloat16", "float32"] and enc.parallel.compiles == 2
+    assert dtypes == ["float32", "uint8"] and enc.parallel.compiles == 2
 
 
 def _returned_within(call, seconds: float) -> list:

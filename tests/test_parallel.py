@@ -135,9 +135,9 @@ def test_data_parallel_equals_single_device(params, devices, monkeypatch):
     enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=devices)
     given, encode, host_path = [], Engine.encode, []
 
-    def spy(engine: Engine, pixels, grids, first_row):
+    def spy(engine: Engine, pixels, grids, first_row, **kw):
         given.append((engine.devices[0].id, len(pixels), first_row))
-        return encode(engine, pixels, grids, first_row)
+        return encode(engine, pixels, grids, first_row, **kw)
 
     monkeypatch.setattr(Engine, "encode", spy)
     monkeypatch.setattr(np, "asarray", functools.partial(_noting_device_arrays, host_path, np.asarray))
@@ -171,9 +171,9 @@ def test_an_engine_reads_its_rows_inside_a_wider_device_view(params, monkeypatch
     enc = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=POLICY, devices=4)
     given, encode = [], Engine.encode
 
-    def spy(engine: Engine, pixels, grids, first_row):
+    def spy(engine: Engine, pixels, grids, first_row, **kw):
         given.append((engine.devices[0].id, len(pixels), first_row))
-        return encode(engine, pixels, grids, first_row)
+        return encode(engine, pixels, grids, first_row, **kw)
 
     monkeypatch.setattr(Engine, "encode", spy)
     x = pixels_for(grids, CFG, seed=9)
@@ -282,6 +282,22 @@ def test_pixels_on_several_devices_and_warmup_dtypes(params):
     levels = np.random.default_rng(0).integers(0, 256, (64, CFG.patch_dim), dtype=np.uint8)
     fresh.encode_patches(levels, np.array([(1, 8, 8)]))
     assert fresh.parallel.compiles == built == 1
+
+
+def test_levels_split_over_devices_as_rows_are(params):
+    """A bf16 tower's `encode` sends uint8 levels: over data-parallel engines and over Ulysses pairs each image's
+    features are what one device gives."""
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (32 * (i + 1), 64, 3), np.uint8) for i in range(3)]
+    settings = {"min_pixels": 32 * 32, "max_pixels": 96 * 64}
+    one = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=POLICY)
+    want = [np.asarray(r.features, np.float32) for r in one.encode(images, **settings)]
+    for kw in ({"devices": 2}, {"devices": 4, "sequence_parallel": 2}):
+        enc = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=POLICY, **kw)
+        got = enc.encode(images, **settings)
+        assert {key[1].name for e in enc.parallel.engines for key in e._executables} == {"uint8"}
+        for res, ref in zip(got, want, strict=True):
+            _close(np.asarray(res.features, np.float32), ref, rel=1e-2)  # bf16: another split, other roundings
 
 
 def test_cli_devices(checkpoint, tmp_path, capsys):

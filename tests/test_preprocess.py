@@ -20,7 +20,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
 from vitjax.images import ImageInputError
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, preprocess_image, smart_resize
+from vitjax.preprocess import LEVELS, MAX_PIXELS, MIN_PIXELS, TABLES, preprocess_image, smart_resize
 
 
 @pytest.fixture(scope="module")
@@ -401,11 +401,31 @@ def test_out_buffer_receives_the_same_rows():
     np.testing.assert_array_equal(batch[4 : 4 + len(ref)], ref)
     assert np.isnan(batch[:4]).all() and np.isnan(batch[4 + len(ref) :]).all()
     np.testing.assert_array_equal(got_grid, grid)
-    with pytest.raises(ValueError, match="out must be a C-contiguous float32 or bfloat16 array"):
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous float32, bfloat16 or uint8 \(levels\) array"):
         preprocess_image(image, out=np.empty((len(ref), 10), np.float32))
     half = np.empty(ref.shape, ml_dtypes.bfloat16)
     preprocess_image(image, out=half)
     np.testing.assert_array_equal(half, ref.astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("backend", ["pil", "torchvision"])
+def test_levels_rows_are_the_rows_before_the_table(backend):
+    """A uint8 `out` gets each value's level: the backend's table maps them to its rows exactly (a resized image, so
+    both backends' resizes are in it)."""
+    image = noise(90, 70, seed=5)
+    ref, grid = preprocess_image(image, min_pixels=32 * 32, max_pixels=96 * 64, backend=backend)
+    assert tuple(grid[0]) == (1, 4, 6)  # resized from 90 x 70 to 96 x 64
+    levels = np.empty(ref.shape, LEVELS)
+    preprocess_image(image, min_pixels=32 * 32, max_pixels=96 * 64, out=levels, backend=backend)
+    np.testing.assert_array_equal(TABLES[backend][levels], ref)
+
+
+def test_both_tables_agree_once_rounded_to_16_bits():
+    """What lets a 16-bit tower map levels on the device with one table, whichever HF processor made them (images of
+    either backend, video frames): rounded to bfloat16 or float16 the tables agree. In float32 they do not."""
+    for dtype in (ml_dtypes.bfloat16, np.float16):
+        np.testing.assert_array_equal(TABLES["pil"].astype(dtype), TABLES["torchvision"].astype(dtype))
+    assert (TABLES["pil"] != TABLES["torchvision"]).sum() == 128
 
 
 # --- the torchvision processor (backend="torchvision") -------------------------------------------------------

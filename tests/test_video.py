@@ -37,7 +37,7 @@ import vitjax.settings
 import vitjax.video as video_module
 from vitjax import resize
 from vitjax.cli import main as cli_main
-from vitjax.preprocess import preprocess_video, video_resized_size
+from vitjax.preprocess import LEVELS, TABLES, preprocess_image, preprocess_video, video_resized_size
 from vitjax.resize import resize_bicubic
 from vitjax.video import Video, VideoInputError, open_clip, sample_indices
 
@@ -608,7 +608,41 @@ def test_tower_on_video_rows_equals_hf(tiny, clip_file):
     assert_close_to_scale(got, ref)
 
 
+def test_video_levels_are_the_rows_before_the_table(clip_file):
+    """A uint8 `out` gets the clip's levels: HF's video table maps them to its rows exactly."""
+    ref, grid = preprocess_video(clip_file)
+    levels = np.empty(ref.shape, LEVELS)
+    preprocess_video(clip_file, out=levels)
+    np.testing.assert_array_equal(TABLES["torchvision"][levels], ref)
+
+
 # --- videos through Encoder.encode and `vitjax encode` -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_tower_encodes_levels_as_hf_rows_in_its_dtype(checkpoint, clip_file, dtype):
+    """A 16-bit tower's `encode` sends uint8 levels, which its program maps to HF's values (rounded to 16 bits both
+    processors agree): a photo and a clip in one call give what HF's rows, rounded to the tower's dtype, give."""
+    enc = vitjax.Encoder.from_pretrained(checkpoint, dtype=dtype, cache_bytes=0)
+    mixed = enc.encode([str(PHOTOS[0]), str(clip_file)], max_pixels=MAX_PIXELS)
+    assert [key[1].name for key in enc.parallel.engines[0]._executables] == ["uint8"]
+    assert [r.decoder for r in mixed] == ["pil", "video"]
+    (photo, photo_grid), (clip, clip_grid) = (
+        preprocess_image(PHOTOS[0], max_pixels=MAX_PIXELS),
+        preprocess_video(clip_file),
+    )
+    rows = np.concatenate([photo, clip]).astype(np.dtype(dtype))
+    want = enc.encode_patches(rows, np.concatenate([photo_grid, clip_grid]))
+    for res, ref in zip(mixed, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(res.features), np.asarray(ref))
+    levels = np.zeros(rows.shape, LEVELS)
+    with pytest.raises(
+        ValueError, match=r"^levels=True takes uint8 rows into a bfloat16 or float16 tower, got float32 rows$"
+    ):
+        enc.encode_patches(rows.astype(np.float32), photo_grid, levels=True)
+    fp32 = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
+    with pytest.raises(ValueError, match="got float32 tower"):
+        fp32.encode_patches(levels, photo_grid, levels=True)
 
 
 @pytest.fixture(scope="module")

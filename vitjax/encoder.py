@@ -26,12 +26,12 @@ from vitjax.attention import ENV_VAR, Segments, check_devices, default_implement
 from vitjax.buckets import Bucket, BucketPolicy, checked_bucket
 from vitjax.cache import EmbeddingCache, check_max_bytes
 from vitjax.config import VisionConfig
-from vitjax.engine import Engine
+from vitjax.engine import Engine, travel_dtype
 from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices
 from vitjax.pipeline import DECODERS, Batch, Item, Pipeline
-from vitjax.preprocess import MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
+from vitjax.preprocess import LEVELS, MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import PIXEL_LIMIT, EncodeSettings
 
 # The tower's compute dtypes: float16 as SGLang serves it too; float64 and integers are no tower's.
@@ -108,8 +108,9 @@ class Encoder:
     ):
         self.cfg = cfg
         self.dtype = model.dtype
-        # A bf16 tower rounds its pixels to bf16 first: `encode` does it on the host and moves half the bytes.
-        self._row_dtype = np.dtype(self.dtype if self.dtype == jnp.bfloat16 else np.float32)
+        # A 16-bit tower's `encode` sends its rows as uint8 levels, mapped to HF's values on the device (rounded to 16
+        # bits both HF processors' values agree): a quarter of float32's bytes, and no lookup on the host.
+        self._row_dtype = LEVELS if self.dtype in (jnp.bfloat16, jnp.float16) else np.dtype(np.float32)
         picked = pick_devices(devices)
         # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's. The
         # flash paths take 16-bit towers only: a float32 one runs XLA's.
@@ -204,11 +205,12 @@ class Encoder:
     ) -> dict[Bucket, float]:
         """Compile the bucket executables now (default: every bucket of the policy) or load them from the
         persistent compilation cache, and run each once; returns seconds per bucket. Executables are per pixel
-        dtype: by default those `encode` sends are compiled (its host rows', bfloat16 for a bf16 tower, and
-        float32 as well where its default decoder is DALI); `encode_patches` callers name theirs."""
+        dtype: by default those `encode` sends are compiled (its host rows', uint8 levels for a 16-bit tower, and
+        float32 as well where its default decoder is DALI); `encode_patches` callers name theirs (integers run as
+        float32)."""
         buckets = None if buckets is None else [checked_bucket(b) for b in buckets]  # read once per dtype
         if pixel_dtype is not None:
-            dtypes = {np.dtype(pixel_dtype)}
+            dtypes = {travel_dtype(pixel_dtype)}
         else:
             dtypes = {self._row_dtype} | ({np.dtype(np.float32)} if self.resolve_decoder() == "dali" else set())
         times: dict[Bucket, float] = {}
@@ -227,16 +229,23 @@ class Encoder:
         )
         return self._forward(self._state, jnp.asarray(pixel_values), inputs, impl=self.attention)
 
-    def encode_patches(self, pixel_values: np.ndarray | jax.Array, grid_thw: np.ndarray) -> list[jax.Array]:
+    def encode_patches(
+        self, pixel_values: np.ndarray | jax.Array, grid_thw: np.ndarray, *, levels: bool = False
+    ) -> list[jax.Array]:
         """Pixel rows (HF processor output, concatenated) -> per image/video `[t*h*w/4, output_width]`.
 
         Runs in bucketed calls of whole images (see `vitjax.buckets`), spread over the encoder's devices (see
-        `vitjax.parallel`); results stay on the device that computed them, in input order.
+        `vitjax.parallel`); results stay on the device that computed them, in input order. With `levels` the rows
+        are uint8 levels before HF's rescale and normalize (as `preprocess_image` writes them into a uint8 `out`),
+        mapped on the device; 16-bit towers only (in float32 HF's two processors map some levels an ulp apart).
         """
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.asarray(pixel_values)
+        if levels and (self._row_dtype != LEVELS or np.dtype(pixel_values.dtype) != LEVELS):
+            got = f"{self.dtype.name} tower" if self._row_dtype != LEVELS else f"{pixel_values.dtype} rows"
+            raise ValueError(f"levels=True takes uint8 rows into a bfloat16 or float16 tower, got {got}")
         grids = self.check_inputs(pixel_values, grid_thw)
-        return self.parallel.encode(pixel_values, grids)
+        return self.parallel.encode(pixel_values, grids, levels=levels)
 
     def encode(
         self,
@@ -406,7 +415,8 @@ class Encoder:
         """One `encode_patches` on the batch's rows once they are filled (asynchronous where the call's program
         allows); its results go to `found` (keys the caller put there) and the cache."""
         pixels, failed = batch.finish()
-        outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]))
+        levels = not isinstance(pixels, jax.Array) and pixels.dtype == LEVELS  # host rows (DALI's are values)
+        outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]), levels=levels)
         self.images_encoded += len(batch.items)
         for item, error, out in zip(batch.items, failed, outs, strict=True):
             key = (self.model_id, *pipe.cache_key(item))

@@ -44,6 +44,7 @@ from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.config import VisionConfig
 from vitjax.leftovers import remove_stale
 from vitjax.model import TowerInputs
+from vitjax.preprocess import LEVELS, TABLES
 from vitjax.row_views import row_views
 
 CACHE_ENV = "VITJAX_CACHE_DIR"
@@ -53,7 +54,7 @@ CACHE_MIN_COMPILE_SECONDS = 0.2
 # The file a cache entry is written to before its rename: short (a key may be ~250 bytes), never read by JAX.
 PART_PATTERN = ".*.part"
 # Host pixels are sent in chunks of at most this many rows (a divisor of the bucket's tokens), as given
-# when in one of these dtypes, else as float32.
+# when in one of these dtypes (or as uint8 levels, `Engine.run`), else as float32.
 MAX_CHUNK_ROWS = 2048
 PIXEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 # Device copies of the most recent call layouts kept per engine: a new copy costs the host ~1 ms before the call
@@ -165,10 +166,14 @@ def _program(
 ) -> jax.Array:
     """The bucket executable: pixel chunks and packed layout in, merged tokens out. Under sequence parallelism
     it runs per device on that device's tokens (the segment arrays stay whole) and ends with an all-gather, so
-    every device holds the whole output (an NCCL gather; copying a split array to one device is far slower)."""
+    every device holds the whole output (an NCCL gather; copying a split array to one device is far slower).
+    Chunks of `LEVELS` become HF's values here, in the tower's dtype (16 bits: both processors' tables agree)."""
     pixels = jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0]
     inputs = TowerInputs(pos_index, pos_weight, rope_pos, Segments(ids, starts, lengths, max_length, seq_axis))
-    out = nnx.merge(graph, state)(pixels, inputs, impl)
+    tower = nnx.merge(graph, state)
+    if pixels.dtype == LEVELS:
+        pixels = jnp.asarray(TABLES["pil"], tower.dtype)[pixels]
+    out = tower(pixels, inputs, impl)
     return out if seq_axis is None else jax.lax.all_gather(out, seq_axis, tiled=True)
 
 
@@ -403,9 +408,10 @@ class Engine:
         self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32, run: bool = True
     ) -> dict[Bucket, float]:
         """Compile (or load from the persistent cache) each bucket now, and with `run` execute it once on a
-        near-empty call (first executions load kernels and build cuDNN plans); returns seconds per bucket."""
+        near-empty call (first executions load kernels and build cuDNN plans); returns seconds per bucket. The
+        programs are those of calls whose rows travel in `pixel_dtype` (`travel_dtype`; `LEVELS`: `run`'s levels)."""
         times = {}
-        pixel_dtype = _pixel_dtype(np.empty(0, pixel_dtype))  # integer pixels run the float32 program
+        pixel_dtype = travel_dtype(pixel_dtype, levels=np.dtype(pixel_dtype) == LEVELS)
         for b in self.policy.buckets() if buckets is None else buckets:
             b = Bucket(*b)
             start = time.perf_counter()
@@ -423,19 +429,28 @@ class Engine:
             times[b] = time.perf_counter() - start
         return times
 
-    def run(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0) -> list[Call]:
+    def run(
+        self,
+        pixel_values: np.ndarray | jax.Array,
+        grids: Sequence[layout.Grid],
+        first_row: int = 0,
+        *,
+        levels: bool = False,
+    ) -> list[Call]:
         """Dispatch every call of a request (asynchronously); outputs stay on the device. The request's pixel
-        rows start at `first_row` of `pixel_values`; a host array is free for the caller to reuse on return."""
-        if isinstance(pixel_values, jax.Array) and (
-            len(self.devices) > 1 or np.dtype(pixel_values.dtype) not in PIXEL_DTYPES
-        ):  # split over the group on the host, or made float32 there (once a request), like any host pixels
+        rows start at `first_row` of `pixel_values`; a host array is free for the caller to reuse on return.
+        With `levels` the rows are uint8 levels (`preprocess.LEVELS`) that the program maps to HF's values, for a
+        16-bit tower."""
+        dtype = travel_dtype(pixel_values.dtype, levels)
+        if isinstance(pixel_values, jax.Array) and (len(self.devices) > 1 or np.dtype(pixel_values.dtype) != dtype):
+            # split over the group on the host, or made float32 there (once a request), like any host pixels
             pixel_values = np.asarray(pixel_values)
         if not isinstance(pixel_values, jax.Array):
-            pixel_values = np.ascontiguousarray(pixel_values, _pixel_dtype(pixel_values))
+            pixel_values = np.ascontiguousarray(pixel_values, dtype)
         elif pixel_values.devices() != {self.devices[0]}:  # elsewhere, or spread over several devices
             pixel_values = jax.device_put(pixel_values, self.devices[0])
         calls, wanted = [], []
-        row, dtype = first_row, _pixel_dtype(pixel_values)
+        row = first_row
         for ladder_bucket, images in self.policy.plan(grids, padded=self.impl == "cudnn_padded"):
             call_grids = [grids[i] for i in images]
             rows = sum(layout.grid_tokens(g) for g in call_grids)
@@ -477,11 +492,16 @@ class Engine:
             sys.setswitchinterval(previous)
 
     def encode(
-        self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], first_row: int = 0
+        self,
+        pixel_values: np.ndarray | jax.Array,
+        grids: Sequence[layout.Grid],
+        first_row: int = 0,
+        *,
+        levels: bool = False,
     ) -> list[jax.Array]:
         """Per-image outputs in input order, on the device: zero-copy row views of each call's output."""
         outs: list[jax.Array] = [None] * len(grids)  # type: ignore[list-item]
-        for call in self.run(pixel_values, grids, first_row):
+        for call in self.run(pixel_values, grids, first_row, levels=levels):
             for i, view in zip(call.images, row_views(call.output, call.spans), strict=True):
                 outs[i] = view
         return outs
@@ -498,7 +518,7 @@ class Engine:
             if pixels.shape[0] >= chunk:
                 return (self._device_pieces(pixels, row, rows, tokens, chunk), *layout_args)
             pixels = np.asarray(pixels)  # shorter than one chunk (at most 2048 rows): through the host
-        dtype = _pixel_dtype(pixels)
+        dtype = np.dtype(pixels.dtype)  # the travel dtype (`run`)
         # JAX's CPU arrays alias a host array's memory where it is 64-byte aligned, and the tower reads it later: the
         # rows are copied, so the caller may rewrite its array once `run` returns (a GPU's `device_put` has read it by
         # then, bench/NOTES.md).
@@ -587,9 +607,13 @@ with contextlib.suppress(RuntimeError):
     threading._register_atexit(_drop_queued_fits)  # noqa: SLF001
 
 
-def _pixel_dtype(pixels: np.ndarray | jax.Array) -> np.dtype:
-    """Pixels travel as given when float32/bfloat16/float16, else as float32."""
-    dtype = np.dtype(pixels.dtype)
+def travel_dtype(dtype: np.dtype, levels: bool = False) -> np.dtype:
+    """Pixels travel as given when float32/bfloat16/float16, else as float32; with `levels`, as `LEVELS`."""
+    dtype = np.dtype(dtype)
+    if levels:
+        if dtype != LEVELS:
+            raise ValueError(f"levels: pixel rows of uint8 levels expected, got {dtype}")
+        return dtype
     return dtype if dtype in PIXEL_DTYPES else np.dtype(np.float32)
 
 

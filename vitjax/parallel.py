@@ -114,9 +114,12 @@ class DataParallel:
         times = self._map(lambda e: e.warmup(buckets, pixel_dtype, run), self.engines)
         return {b: max(t[b] for t in times) for b in times[0]}
 
-    def encode(self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid]) -> list[jax.Array]:
+    def encode(
+        self, pixel_values: np.ndarray | jax.Array, grids: Sequence[layout.Grid], *, levels: bool = False
+    ) -> list[jax.Array]:
         """Per-image outputs in input order, each on the engine whose group held the image; each engine is given its
-        group's rows (`group_rows`: a view), so no device receives, and no host converts, the other groups' pixels."""
+        group's rows (`group_rows`: a view), so no device receives, and no host converts, the other groups' pixels.
+        `levels`: as `Engine.run`'s."""
         sizes = [layout.grid_tokens(g) for g in grids]
         groups = split_balanced(sizes, len(self.engines))
         first_rows = np.concatenate([[0], np.cumsum(sizes)]).tolist()
@@ -124,7 +127,7 @@ class DataParallel:
         def work(pair: tuple[Engine, range]) -> list[jax.Array]:
             engine, group = pair
             rows, first = group_rows(pixel_values, first_rows[group.start], first_rows[group.stop])
-            return engine.encode(rows, [grids[i] for i in group], first)
+            return engine.encode(rows, [grids[i] for i in group], first, levels=levels)
 
         # Empty groups come last: a request of one image (or fewer images than engines) skips their thread hops.
         busy = [(engine, group) for engine, group in zip(self.engines, groups, strict=True) if group]

@@ -111,6 +111,9 @@ def _tables(table: np.ndarray) -> dict[np.dtype, np.ndarray]:
 # The float32 value of every uint8 level in the rows of each image processor backend (videos: "torchvision").
 TABLES = {"pil": _pil_table(), "torchvision": _torchvision_table()}
 _ROW_TABLES = {backend: _tables(table) for backend, table in TABLES.items()}  # by backend, then by row dtype
+# Rows of this dtype hold the levels themselves, before the table: a quarter of float32's bytes and no lookup on the
+# host. `vitjax.engine` maps them on the device, for 16-bit towers only: rounded to 16 bits the two tables agree.
+LEVELS = np.dtype(np.uint8)
 # HF's image processors for Qwen-VL, by their `backend`: `Qwen2VLImageProcessorPil` and `Qwen2VLImageProcessor`.
 IMAGE_PROCESSOR_BACKENDS = tuple(TABLES)
 BACKEND_CHOICES = f"must be one of {', '.join(map(repr, IMAGE_PROCESSOR_BACKENDS))} (HF's image processors)"
@@ -120,9 +123,13 @@ def _output(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
     """`out` checked against the rows' shape, or a new float32 array."""
     if out is None:
         return np.empty(shape, np.float32)
-    if out.shape != shape or out.dtype not in _ROW_TABLES["pil"] or not out.flags.c_contiguous:
+    if (
+        out.shape != shape
+        or (out.dtype not in _ROW_TABLES["pil"] and out.dtype != LEVELS)
+        or not out.flags.c_contiguous
+    ):
         raise ValueError(
-            f"out must be a C-contiguous float32 or bfloat16 array of shape {list(shape)}, "
+            f"out must be a C-contiguous float32, bfloat16 or uint8 (levels) array of shape {list(shape)}, "
             f"got {out.dtype} {list(out.shape)}"
         )
     return out
@@ -146,7 +153,8 @@ def preprocess_image(
     image repeated over the temporal axis. Errors (undecodable input, aspect ratio over 200) are
     `ImageInputError`s naming the input (`name`, else as `load_image` names it). With `out` (a C-contiguous
     float32 or bfloat16 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there;
-    bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway.
+    bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway; uint8 rows
+    (`LEVELS`) are the levels before HF's rescale and normalize (`TABLES`).
     `backend` names the HF processor the rows equal (`IMAGE_PROCESSOR_BACKENDS`): "pil" or "torchvision",
     each given the image `load_image` gives (decoded, upright, RGB).
     """
@@ -163,8 +171,9 @@ def preprocess_image(
     windows = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
     levels = np.ascontiguousarray(windows).reshape(grid_h * grid_w, 3, 1, p * p)
     out = _output(out, (grid_h * grid_w, 3 * temporal_patch_size * p * p))
-    frame = np.take(_ROW_TABLES[backend][out.dtype], levels, mode="clip")  # uint8 indices are always in range
-    out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = frame
+    if out.dtype != LEVELS:
+        levels = np.take(_ROW_TABLES[backend][out.dtype], levels, mode="clip")  # uint8 indices are always in range
+    out.reshape(grid_h * grid_w, 3, temporal_patch_size, p * p)[...] = levels
     return out, np.array([[1, grid_h, grid_w]], dtype=np.int64)
 
 
@@ -268,7 +277,8 @@ def video_size(
 def video_rows(
     clip: Clip, height: int, width: int, out: np.ndarray, *, patch_size: int, merge_size: int, temporal_patch_size: int
 ) -> None:
-    """Write the clip's pixel rows into `out` (float32 or bfloat16, `[t*h*w, 3*T*P*P]`), a temporal group at a time.
+    """Write the clip's pixel rows into `out` (float32, bfloat16 or `LEVELS`, `[t*h*w, 3*T*P*P]`), a temporal group
+    at a time.
 
     Each group's frames are resized (`vitjax.resize`), patchified in HF's order and let go as soon as they are
     decoded; groups are resized by `RESIZE_THREADS` threads (numpy releases the GIL) while decoding goes on, with
@@ -276,13 +286,17 @@ def video_rows(
     """
     m, p, tp = merge_size, patch_size, temporal_patch_size
     grid_h, grid_w = height // p, width // p
-    table, group_rows = _ROW_TABLES["torchvision"][out.dtype], grid_h * grid_w
+    group_rows = grid_h * grid_w
 
     def write(frames: list[np.ndarray], rows: np.ndarray) -> None:
         resized = resize_bicubic(np.stack(frames + frames[-1:] * (tp - len(frames))), height, width)  # HF repeats
         # (tp, bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, tp, ph, pw): HF's patchify order within a group
         windows = resized.reshape(tp, grid_h // m, m, p, grid_w // m, m, p, 3).transpose(1, 4, 2, 5, 7, 0, 3, 6)
-        np.take(table, np.ascontiguousarray(windows).reshape(rows.shape), out=rows, mode="clip")
+        if rows.dtype == LEVELS:
+            rows.reshape(windows.shape)[...] = windows
+        else:
+            table = _ROW_TABLES["torchvision"][rows.dtype]
+            np.take(table, np.ascontiguousarray(windows).reshape(rows.shape), out=rows, mode="clip")
 
     with ThreadPoolExecutor(RESIZE_THREADS, "vitjax-video") as pool:
         pending: deque[Future] = deque()
