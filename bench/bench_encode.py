@@ -212,7 +212,7 @@ def main() -> None:
         for row_dtype in (shipped_rows, np.dtype(ml_dtypes.bfloat16)):
             enc._row_dtype = row_dtype
             out = enc.encode(data, batch_tokens=sizes[0], decoder="pil")
-            features[row_dtype.name] = np.concatenate([np.asarray(o.features, np.float32) for o in out])
+            features[row_dtype.name] = np.concatenate([np.asarray(o.features, np.float64) for o in out])
         enc._row_dtype = shipped_rows
         a, b = features.values()
         emit(
