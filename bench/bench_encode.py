@@ -14,6 +14,7 @@ sent: uint8 levels since 2026-11-28, bfloat16 before).
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -33,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vit import PRESET, flops, median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
+import vitjax.encoder  # noqa: E402
+from vitjax.pipeline import Pipeline  # noqa: E402
 from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
 
 PHOTOS = Path(__file__).resolve().parents[1] / "tests" / "data" / "images"
@@ -83,6 +86,11 @@ def main() -> None:
         help="vitjax end to end: code paths in this order, comma-separated, repeats allowed: shipped, "
         "inline_dispatch (each call dispatched from the encode's own thread, as before 2026-11-27), or bf16_rows "
         "(rows made and sent as bfloat16 values, as before 2026-11-28, not as uint8 levels)",
+    )
+    parser.add_argument(
+        "--workers",
+        help="comma-separated counts of preprocessing threads (the pipeline's workers; default: its own default), "
+        "for the preprocessing alone and vitjax end to end",
     )
     parser.add_argument(
         "--switch-intervals",
@@ -148,11 +156,12 @@ def main() -> None:
     model = None  # free the GPU for JAX
     torch.cuda.empty_cache()
 
-    workers = min(8, os.cpu_count() or 1)
+    default_workers = min(8, os.cpu_count() or 1)  # the pipeline's
+    worker_counts = [int(w) for w in args.workers.split(",")] if args.workers else [default_workers]
     shapes = [(int(np.prod(g)), cfg.patch_dim) for g in grids]
-    for dtype in (LEVELS, np.dtype(ml_dtypes.bfloat16)):
+    for workers, dtype in [(w, d) for w in worker_counts for d in (LEVELS, np.dtype(ml_dtypes.bfloat16))]:
 
-        def vj_preprocess(dtype=dtype):
+        def vj_preprocess(dtype=dtype, workers=workers):
             with ThreadPoolExecutor(workers) as pool:
                 return list(pool.map(lambda b, shape: preprocess_image(b, out=np.empty(shape, dtype)), data, shapes))
 
@@ -173,11 +182,19 @@ def main() -> None:
         intervals = [float(v) for v in args.switch_intervals.split(",")] if args.switch_intervals else [None]
         sizes = [int(b) for b in args.batch_tokens.split(",")]
         paths = args.paths.split(",")
-        runs = [(d, b, i, p) for d in args.decoders.split(",") for b in sizes for i in intervals for p in paths]
+        runs = [
+            (d, b, i, w, p)
+            for d in args.decoders.split(",")
+            for b in sizes
+            for i in intervals
+            for w in worker_counts
+            for p in paths
+        ]
         default_interval = sys.getswitchinterval()
         shipped_dispatch, shipped_rows = enc._dispatch, enc._row_dtype
-        for decoder, batch_tokens, interval, path in runs:
+        for decoder, batch_tokens, interval, workers, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
+            vitjax.encoder.Pipeline = functools.partial(Pipeline, workers=workers)
             enc._dispatch = inline_dispatch(enc) if path == "inline_dispatch" else shipped_dispatch
             enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if path == "bf16_rows" else shipped_rows
 
@@ -203,10 +220,12 @@ def main() -> None:
                     "devices": devices,
                     "switch_interval_ms": sys.getswitchinterval() * 1e3,
                     "rows": enc._row_dtype.name,
+                    "workers": workers,
                     **({"path": path} if path != "shipped" else {}),
                 }
             )
         sys.setswitchinterval(default_interval)
+        vitjax.encoder.Pipeline = Pipeline
         # The two row forms give the same embeddings: levels mapped on the device are the bf16 values the host made.
         features = {}
         for row_dtype in (shipped_rows, np.dtype(ml_dtypes.bfloat16)):
@@ -232,7 +251,8 @@ def main() -> None:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"\n{'impl':8} {'part':22} {'ms':>9}")
     for r in rows:
-        print(f"{r['impl']:8} {r['part']:22} {r.get('path', ''):16} {r.get('ms', float('nan')):9.1f}")
+        threads = r.get("workers", r.get("threads", ""))
+        print(f"{r['impl']:8} {r['part']:22} {r.get('path', ''):16} {threads!s:>4} {r.get('ms', float('nan')):9.1f}")
 
 
 if __name__ == "__main__":
