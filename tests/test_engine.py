@@ -22,6 +22,7 @@ from test_buckets import POLICY
 import vitjax
 import vitjax.encoder
 import vitjax.leftovers
+import vitjax.preprocess
 from vitjax import attention, layout
 from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.encoder import abstract_tower
@@ -414,6 +415,24 @@ def test_device_resident_pixels(monkeypatch):
     on_device = enc.encode_patches(jnp.asarray(levels), np.array(grids))
     for a, b in zip(on_device, enc.encode_patches(levels.astype(np.float32), np.array(grids)), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_levels_on_the_device_give_what_host_levels_give(monkeypatch):
+    """uint8 levels (`encode_patches(levels=True)`) already on the device are read in place as float rows are (row
+    views, a partial chunk), or through the host below a chunk: the outputs are the host levels', which are the
+    bf16 rows' (the same values, mapped on the device)."""
+    monkeypatch.setattr(vitjax.engine, "MAX_CHUNK_ROWS", 16)
+    enc = _random_encoder(dtype="bfloat16")
+    grids = REQUESTS[5]  # 120 + 36 rows: whole chunks and a partial one
+    levels = np.random.default_rng(7).integers(0, 256, (156, CFG.patch_dim), dtype=np.uint8)
+    values = vitjax.preprocess.TABLES["pil"].astype(jnp.bfloat16)[levels]
+    want = enc.encode_patches(values, np.array(grids))
+    for rows in (levels, jnp.asarray(levels), jnp.asarray(levels[:12])):
+        given = np.array(grids) if len(rows) == 156 else np.array([(1, 2, 6)])
+        got = enc.encode_patches(rows, given, levels=True)
+        ref = want if len(rows) == 156 else enc.encode_patches(values[:12], given)
+        for a, b in zip(got, ref, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_call_layouts_stay_on_the_device(monkeypatch):
