@@ -335,6 +335,22 @@ def test_several_devices_equal_one(enc):
         assert_close_to_scale(np.asarray(b.features), np.asarray(a.features))
 
 
+def test_a_bf16_tower_takes_dalis_values_and_host_levels_in_one_request():
+    """With DALI a bf16 tower gets float32 rows from DALI (its JPEGs) and uint8 levels from the host (a PNG, a video's
+    frames), each batch through its own program: every result is the PIL decoder's (all levels, one call) to bf16's
+    rounding (other calls, other packings)."""
+    enc = vitjax.Encoder.random(TINY["hd64"], dtype="bfloat16", cache_bytes=0)
+    frames = np.random.default_rng(2).integers(0, 256, (4, 64, 96, 3), np.uint8)
+    inputs = [str(PHOTOS[0]), str(PHOTOS[1]), vitjax.Video(frames)]  # a JPEG, a PNG, a video
+    dali = enc.encode(inputs, max_pixels=SMALL, decoder="dali")
+    assert [r.decoder for r in dali] == ["dali", "pil", "video"]
+    assert {key[1].name for key in enc.parallel.engines[0]._executables} == {"float32", "uint8"}
+    pil = enc.encode(inputs, max_pixels=SMALL, decoder="pil")
+    for a, b in zip(dali, pil, strict=True):
+        assert a.grid_thw == b.grid_thw
+        assert_close_to_scale(np.asarray(a.features, np.float32), np.asarray(b.features, np.float32), 2e-2)
+
+
 def test_auto_is_pil_without_a_gpu(enc):
     assert enc.resolve_decoder("auto") == "pil" and enc.resolve_decoder("dali") == "dali"
     assert enc.encode([str(PHOTOS[1])], max_pixels=SMALL)[0].decoder == "pil"

@@ -560,12 +560,23 @@ def test_default_warmup_compiles_what_encode_sends():
     params = jax.tree.map(lambda s: np.full(s.shape, 0.01, np.float32), shapes)
     enc = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=BucketPolicy(tokens=(64,), segments=(2,)))
     enc.warmup(run=False)
-    assert enc.parallel.compiles == 1
+    assert [key[1].name for key in enc.parallel.engines[0]._executables] == ["uint8"]
     image = np.random.default_rng(0).integers(0, 256, (64, 96, 3), np.uint8)
     (out,) = enc.encode([image], min_pixels=32 * 32, max_pixels=64 * 96)
     assert out.grid_thw == (1, 4, 6) and enc.parallel.compiles == 1
     enc.warmup(pixel_dtype="float32", run=False)
     assert enc.parallel.compiles == 2
+    levels = np.zeros((64, CFG.patch_dim), np.uint8)
+    enc.warmup(pixel_dtype="uint8", run=False)  # integer rows named: the float32 program they run in
+    enc.warmup(levels=True, run=False)  # `encode_patches(levels=True)`'s: encode's
+    enc.encode_patches(levels, np.array([(1, 8, 8)]), levels=True)
+    assert enc.parallel.compiles == 2
+    with pytest.raises(ValueError, match="got float32 rows"):
+        enc.warmup(pixel_dtype="float32", levels=True)
+    fp32 = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=BucketPolicy(tokens=(64,), segments=(2,)))
+    with pytest.raises(ValueError, match="got float32 tower"):
+        fp32.warmup(levels=True)
+    assert fp32.parallel.compiles == 0
 
 
 def test_buckets_named_for_a_warm_up_are_refused_by_name_before_any_compile():

@@ -23,6 +23,7 @@ from vitjax.cli import main as cli_main
 from vitjax.encoder import abstract_tower
 from vitjax.engine import Engine
 from vitjax.parallel import pick_devices, split_balanced
+from vitjax.preprocess import preprocess_image
 
 CFG = TINY["hd72"]
 POLICY = BucketPolicy(tokens=(64, 128, 256), segments=(1, 8), granule=64)
@@ -292,6 +293,10 @@ def test_levels_split_over_devices_as_rows_are(params):
     settings = {"min_pixels": 32 * 32, "max_pixels": 96 * 64}
     one = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=POLICY)
     want = [np.asarray(r.features, np.float32) for r in one.encode(images, **settings)]
+    rows, grids = zip(*(preprocess_image(image, **settings) for image in images), strict=True)
+    hf = one.encode_patches(np.concatenate(rows).astype(jnp.bfloat16), np.concatenate(grids))  # HF's rows, rounded
+    for got, ref in zip(want, hf, strict=True):
+        np.testing.assert_array_equal(got, np.asarray(ref, np.float32))
     for kw in ({"devices": 2}, {"devices": 4, "sequence_parallel": 2}):
         enc = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=POLICY, **kw)
         got = enc.encode(images, **settings)

@@ -639,10 +639,10 @@ def test_a_16_bit_tower_encodes_levels_as_hf_rows_in_its_dtype(checkpoint, clip_
     with pytest.raises(
         ValueError, match=r"^levels=True takes uint8 rows into a bfloat16 or float16 tower, got float32 rows$"
     ):
-        enc.encode_patches(rows.astype(np.float32), photo_grid, levels=True)
+        enc.encode_patches(rows[: len(photo)].astype(np.float32), photo_grid, levels=True)
     fp32 = vitjax.Encoder.from_pretrained(checkpoint, dtype="float32", cache_bytes=0)
     with pytest.raises(ValueError, match="got float32 tower"):
-        fp32.encode_patches(levels, photo_grid, levels=True)
+        fp32.encode_patches(levels[: len(photo)], photo_grid, levels=True)
 
 
 @pytest.fixture(scope="module")

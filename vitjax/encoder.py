@@ -20,6 +20,7 @@ import numpy as np
 import tqdm
 import tqdm.auto
 from flax import nnx
+from numpy.typing import DTypeLike
 
 from vitjax import dali, hub, layout, weights
 from vitjax.attention import ENV_VAR, Segments, check_devices, default_implementation, named_implementation
@@ -31,7 +32,7 @@ from vitjax.images import ImageInputError, expand_inputs
 from vitjax.model import TowerInputs, VisionTower
 from vitjax.parallel import DataParallel, device_groups, pick_devices
 from vitjax.pipeline import DECODERS, Batch, Item, Pipeline
-from vitjax.preprocess import LEVELS, MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
+from vitjax.preprocess import LEVEL_TOWERS, LEVELS, MAX_PIXELS, MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from vitjax.settings import PIXEL_LIMIT, EncodeSettings
 
 # The tower's compute dtypes: float16 as SGLang serves it too; float64 and integers are no tower's.
@@ -108,9 +109,9 @@ class Encoder:
     ):
         self.cfg = cfg
         self.dtype = model.dtype
-        # A 16-bit tower's `encode` sends its rows as uint8 levels, mapped to HF's values on the device (rounded to 16
-        # bits both HF processors' values agree): a quarter of float32's bytes, and no lookup on the host.
-        self._row_dtype = LEVELS if self.dtype in (jnp.bfloat16, jnp.float16) else np.dtype(np.float32)
+        # A 16-bit tower's `encode` sends its rows as uint8 levels, mapped to HF's values on the device: a quarter of
+        # float32's bytes, and no lookup on the host.
+        self._row_dtype = LEVELS if self.dtype in LEVEL_TOWERS else np.dtype(np.float32)
         picked = pick_devices(devices)
         # The automatic choice is for the process's default backend; CPU devices in a GPU process need XLA's. The
         # flash paths take 16-bit towers only: a float32 one runs XLA's.
@@ -201,23 +202,39 @@ class Encoder:
         return layout.check_patches(pixel_values.shape, grid_thw, self.cfg.patch_dim, self.cfg.spatial_merge_size)
 
     def warmup(
-        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: str | None = None, run: bool = True
+        self,
+        buckets: Iterable[Bucket] | None = None,
+        pixel_dtype: str | None = None,
+        run: bool = True,
+        *,
+        levels: bool = False,
     ) -> dict[Bucket, float]:
         """Compile the bucket executables now (default: every bucket of the policy) or load them from the
         persistent compilation cache, and run each once; returns seconds per bucket. Executables are per pixel
         dtype: by default those `encode` sends are compiled (its host rows', uint8 levels for a 16-bit tower, and
         float32 as well where its default decoder is DALI); `encode_patches` callers name theirs (integers run as
-        float32)."""
+        float32), or give `levels` for `encode_patches(levels=True)`."""
+        if levels:
+            self._check_levels(pixel_dtype)
         buckets = None if buckets is None else [checked_bucket(b) for b in buckets]  # read once per dtype
-        if pixel_dtype is not None:
+        if levels:
+            dtypes = {LEVELS}
+        elif pixel_dtype is not None:
             dtypes = {travel_dtype(pixel_dtype)}
         else:
             dtypes = {self._row_dtype} | ({np.dtype(np.float32)} if self.resolve_decoder() == "dali" else set())
         times: dict[Bucket, float] = {}
-        for dtype in dtypes:
-            for bucket, seconds in self.parallel.warmup(buckets, dtype, run).items():
+        for dtype in dtypes:  # `LEVELS` here is levels (a named uint8 became float32 above)
+            for bucket, seconds in self.parallel.warmup(buckets, dtype, run, levels=dtype == LEVELS).items():
                 times[bucket] = times.get(bucket, 0.0) + seconds
         return times
+
+    def _check_levels(self, pixel_dtype: DTypeLike | None) -> None:
+        """Refuse `levels=True` but for uint8 rows (or none named) into a 16-bit tower: in float32 HF's two processors
+        map some levels an ulp apart."""
+        if self.dtype not in LEVEL_TOWERS or (pixel_dtype is not None and np.dtype(pixel_dtype) != LEVELS):
+            got = f"{self.dtype.name} tower" if self.dtype not in LEVEL_TOWERS else f"{np.dtype(pixel_dtype)} rows"
+            raise ValueError(f"levels=True takes uint8 rows into a bfloat16 or float16 tower, got {got}")
 
     def run_packed(self, pixel_values: jax.Array | np.ndarray, packed: layout.Packed) -> jax.Array:
         """One unbucketed tower call on an already packed sequence (compiled per shape): `[T/4, output_width]`."""
@@ -237,13 +254,12 @@ class Encoder:
         Runs in bucketed calls of whole images (see `vitjax.buckets`), spread over the encoder's devices (see
         `vitjax.parallel`); results stay on the device that computed them, in input order. With `levels` the rows
         are uint8 levels before HF's rescale and normalize (as `preprocess_image` writes them into a uint8 `out`),
-        mapped on the device; 16-bit towers only (in float32 HF's two processors map some levels an ulp apart).
+        mapped on the device; 16-bit towers only.
         """
         if not isinstance(pixel_values, jax.Array):
             pixel_values = np.asarray(pixel_values)
-        if levels and (self._row_dtype != LEVELS or np.dtype(pixel_values.dtype) != LEVELS):
-            got = f"{self.dtype.name} tower" if self._row_dtype != LEVELS else f"{pixel_values.dtype} rows"
-            raise ValueError(f"levels=True takes uint8 rows into a bfloat16 or float16 tower, got {got}")
+        if levels:
+            self._check_levels(pixel_values.dtype)
         grids = self.check_inputs(pixel_values, grid_thw)
         return self.parallel.encode(pixel_values, grids, levels=levels)
 
@@ -415,7 +431,7 @@ class Encoder:
         """One `encode_patches` on the batch's rows once they are filled (asynchronous where the call's program
         allows); its results go to `found` (keys the caller put there) and the cache."""
         pixels, failed = batch.finish()
-        levels = not isinstance(pixels, jax.Array) and pixels.dtype == LEVELS  # host rows (DALI's are values)
+        levels = pixels.dtype == LEVELS  # host rows (DALI's are float32 values)
         outs = self.encode_patches(pixels, np.array([item.grid for item in batch.items]), levels=levels)
         self.images_encoded += len(batch.items)
         for item, error, out in zip(batch.items, failed, outs, strict=True):

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from numpy.typing import DTypeLike
 
 from vitjax import layout
 from vitjax.attention import Segments, bucket_implementation
@@ -405,13 +406,18 @@ class Engine:
         return not concurrent.futures.wait(pending, timeout).not_done
 
     def warmup(
-        self, buckets: Iterable[Bucket] | None = None, pixel_dtype: np.dtype = np.float32, run: bool = True
+        self,
+        buckets: Iterable[Bucket] | None = None,
+        pixel_dtype: DTypeLike = np.float32,
+        run: bool = True,
+        *,
+        levels: bool = False,
     ) -> dict[Bucket, float]:
         """Compile (or load from the persistent cache) each bucket now, and with `run` execute it once on a
         near-empty call (first executions load kernels and build cuDNN plans); returns seconds per bucket. The
-        programs are those of calls whose rows travel in `pixel_dtype` (`travel_dtype`; `LEVELS`: `run`'s levels)."""
+        programs are those `run` uses for rows of `pixel_dtype` (and `levels`)."""
         times = {}
-        pixel_dtype = travel_dtype(pixel_dtype, levels=np.dtype(pixel_dtype) == LEVELS)
+        pixel_dtype = travel_dtype(pixel_dtype, levels)
         for b in self.policy.buckets() if buckets is None else buckets:
             b = Bucket(*b)
             start = time.perf_counter()
@@ -607,7 +613,7 @@ with contextlib.suppress(RuntimeError):
     threading._register_atexit(_drop_queued_fits)  # noqa: SLF001
 
 
-def travel_dtype(dtype: np.dtype, levels: bool = False) -> np.dtype:
+def travel_dtype(dtype: DTypeLike, levels: bool = False) -> np.dtype:
     """Pixels travel as given when float32/bfloat16/float16, else as float32; with `levels`, as `LEVELS`."""
     dtype = np.dtype(dtype)
     if levels:

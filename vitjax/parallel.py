@@ -108,10 +108,12 @@ class DataParallel:
         """`work` on every item: in the device threads when there are several items, else in this thread."""
         return [work(item) for item in items] if len(items) < 2 else list(self._pool.map(work, items))
 
-    def warmup(self, buckets: Iterable[Bucket] | None, pixel_dtype: np.dtype, run: bool) -> dict[Bucket, float]:
+    def warmup(
+        self, buckets: Iterable[Bucket] | None, pixel_dtype: np.dtype, run: bool, *, levels: bool = False
+    ) -> dict[Bucket, float]:
         """Every engine's warm-up, devices in parallel; seconds per bucket on the slowest device."""
         buckets = None if buckets is None else list(buckets)
-        times = self._map(lambda e: e.warmup(buckets, pixel_dtype, run), self.engines)
+        times = self._map(lambda e: e.warmup(buckets, pixel_dtype, run, levels=levels), self.engines)
         return {b: max(t[b] for t in times) for b in times[0]}
 
     def encode(

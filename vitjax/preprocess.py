@@ -114,6 +114,7 @@ _ROW_TABLES = {backend: _tables(table) for backend, table in TABLES.items()}  # 
 # Rows of this dtype hold the levels themselves, before the table: a quarter of float32's bytes and no lookup on the
 # host. `vitjax.engine` maps them on the device, for 16-bit towers only: rounded to 16 bits the two tables agree.
 LEVELS = np.dtype(np.uint8)
+LEVEL_TOWERS = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))  # where the tables agree
 # HF's image processors for Qwen-VL, by their `backend`: `Qwen2VLImageProcessorPil` and `Qwen2VLImageProcessor`.
 IMAGE_PROCESSOR_BACKENDS = tuple(TABLES)
 BACKEND_CHOICES = f"must be one of {', '.join(map(repr, IMAGE_PROCESSOR_BACKENDS))} (HF's image processors)"
@@ -152,7 +153,7 @@ def preprocess_image(
     Rows are patches in merge-window order; columns are (channel, temporal, row, col) of the patch, the
     image repeated over the temporal axis. Errors (undecodable input, aspect ratio over 200) are
     `ImageInputError`s naming the input (`name`, else as `load_image` names it). With `out` (a C-contiguous
-    float32 or bfloat16 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there;
+    float32, bfloat16 or uint8 array of exactly that shape, e.g. rows of a batch buffer) the rows are written there;
     bfloat16 rows are the float32 ones rounded, which is what a bf16 tower does to its input anyway; uint8 rows
     (`LEVELS`) are the levels before HF's rescale and normalize (`TABLES`).
     `backend` names the HF processor the rows equal (`IMAGE_PROCESSOR_BACKENDS`): "pil" or "torchvision",
