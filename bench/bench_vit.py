@@ -507,6 +507,7 @@ def run_vitjax(
     max_call_tokens: int = 0,
     fit_under_load: bool = False,
     sustain: float = 0.0,
+    levels: bool = False,
 ) -> dict:
     """vitjax on the workloads; on several devices (data parallel, or Ulysses in groups of `sequence_parallel`)
     `encode_patches` only: the first call compiles; device-only times and parts are one-device measurements.
@@ -514,7 +515,7 @@ def run_vitjax(
     token ladder cut there, so a larger request runs as several calls (rows then carry the cap). `fit_under_load`:
     calls go on while a fitted bucket compiles, as a server's would (their times in `ms_during_fit`), instead of
     waiting for it on an idle GPU. `sustain`: that many seconds more of device-only calls of each main workload
-    (`sustained`)."""
+    (`sustained`). `levels`: the pool holds uint8 levels, sent as `encode` sends a 16-bit tower's rows."""
     start = time.perf_counter()
     parallel = {"devices": devices, "sequence_parallel": sequence_parallel}
     impl, _, tile = (attention or "").partition(":")  # "fa4:128x176rs": fa4 with that schedule, "fa4:upstream": FA3's
@@ -540,7 +541,7 @@ def run_vitjax(
             if bucket not in compiled:
                 longest = max(grids[i][1] * grids[i][2] for i in images)
                 start = time.perf_counter()
-                exe = engine.executable(bucket, np.float32, engine._max_length(bucket, longest))
+                exe = engine.executable(bucket, pool.dtype, engine._max_length(bucket, longest))
                 compiled[bucket] = time.perf_counter() - start
                 if os.environ.get("HLO_DIR"):  # the optimized program, to read which kernels XLA chose
                     name_parts = [label.replace(":", "_"), *map(str, bucket)]
@@ -558,7 +559,7 @@ def run_vitjax(
         grid = np.array(grids)
 
         def call(pixels=pixels, grid=grid) -> None:
-            jax.block_until_ready(enc.encode_patches(pixels, grid))
+            jax.block_until_ready(enc.encode_patches(pixels, grid, levels=levels))
 
         sightings = []
         for _ in range(FIT_AFTER):  # a size seen again moves to its fitted bucket once that is compiled
@@ -589,14 +590,15 @@ def run_vitjax(
             "gemm_tflop": gemm / 1e12,
             "attention_tflop": attn / 1e12,
             "peak_gpu_gib_process": stats.get("peak_bytes_in_use", 0) / 2**30,
+            **({"rows": "levels"} if levels else {}),
         }
         if fit_under_load:
             row.update(ms_during_fit=[round(v * 1e3, 3) for v in during], fit_wait_s=fit_wait)
         if devices == 1:
-            on_device = jax.device_put(pixels)  # float32 like the host path: the same executable
+            on_device = jax.device_put(pixels)  # the host path's dtype: the same executable
 
             def device_only(on_device=on_device, grids=grids):
-                jax.block_until_ready([c.output for c in engine.run(on_device, grids)])
+                jax.block_until_ready([c.output for c in engine.run(on_device, grids, levels=levels)])
 
             with GpuSampler(calls=reps_for(tokens) + 1) as gpu:  # median_time calls once more, untimed
                 t_dev, _ = median_time(device_only, reps_for(tokens))
@@ -617,7 +619,7 @@ def run_vitjax(
                     )
             if sustain and name in MAIN_NAMES:
                 row["sustained"] = sustained(device_only, sustain, t_dev)
-            ran = [c.bucket.tokens for c in engine.run(on_device, grids)]
+            ran = [c.bucket.tokens for c in engine.run(on_device, grids, levels=levels)]
             del on_device
             row.update(
                 buckets=[list(b) for b, _ in plan],
@@ -626,7 +628,7 @@ def run_vitjax(
                 tflops_device_only=(gemm + attn) / t_dev / 1e12,
                 **{f"device_only_{k}": v for k, v in gpu.stats.items()},
             )
-            if parts and len(plan) == 1 and name in MAIN_NAMES:
+            if parts and not levels and len(plan) == 1 and name in MAIN_NAMES:
                 row["parts_ms"] = part_times(enc, plan[0][0], grids, pool)
         emit(row)
     return {"buckets": [list(b) for b in compiled], "attention": label}
@@ -756,6 +758,12 @@ def main() -> None:
         "--workloads", help="run only these of the workloads the other options give, comma-separated (e.g. 64x1080p)"
     )
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument(
+        "--rows",
+        choices=("float32", "levels"),
+        default="float32",
+        help="vitjax's pixel rows: float32 values as HF's processor gives them, or uint8 levels as `encode` sends them",
+    )
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
     ap.add_argument("--profile", action="store_true", help="device time per op of each device-only tower call")
@@ -845,6 +853,8 @@ def main() -> None:
     os.environ["VITJAX_CACHE_DIR"] = str(work / "xla-cache")
     weights = work / "weights"
     run_hf(cfg, weights, [] if args.no_hf else items, pool, emit, args.sustain)  # the weights come from the HF model
+    levels = args.rows == "levels"
+    vj_pool = np.random.default_rng(0).integers(0, 256, pool.shape, np.uint8) if levels else pool
     infos = {}
     ladders = [tuple(map(int, v.split(","))) for v in args.segment_ladders.split(";")] if args.segment_ladders else []
     token_ladders = args.token_ladders.split(";") if args.token_ladders else [""]
@@ -875,7 +885,7 @@ def main() -> None:
                         cfg,
                         weights,
                         items,
-                        pool,
+                        vj_pool,
                         path_emit,
                         not args.no_parts,
                         run_policy,
@@ -885,6 +895,7 @@ def main() -> None:
                         max_call_tokens=cap,
                         fit_under_load=args.fit_under_load,
                         sustain=args.sustain,
+                        levels=levels,
                     )
     if "1" in infos and not (args.no_warm_start or args.smoke):
         warm_start(weights, infos["1"]["buckets"], emit)
