@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_image_processor import hf_processor  # noqa: E402
 from bench_vit import PRESET, flops, median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
@@ -101,7 +102,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
@@ -115,14 +115,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
 
     # HF: processor (PIL backend, exact) then the tower, on weights vitjax loads below.
-    processor = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": 65536, "longest_edge": 16777216},
-    )
+    processor = hf_processor("pil")
     hf_cfg = Qwen3VLVisionConfig(**{k: v for k, v in cfg.to_hf().items() if k != "model_type"})
     torch.manual_seed(0)
     with torch.device("cuda"):
