@@ -11,6 +11,8 @@ times, achieved TFLOP/s, peak GPU memory, cold compile time per bucket (empty pe
 (a second process reading that cache); with --profile, the device time of every op of the device-only call; with
 $HLO_DIR set, each bucket's optimized program is written there.
 With --paths shipped,previous the vitjax runs repeat on an earlier code path (`PATHS`), for a comparison in one process.
+With --rows levels vitjax's calls get random uint8 levels (as `encode` sends a 16-bit tower's rows), not HF's rows;
+per-part times and the warm start are then skipped.
 
     PYTHONPATH=. python bench/bench_vit.py --sweep          # writes bench/results/<device>-<date>.jsonl
 
@@ -544,7 +546,7 @@ def run_vitjax(
                 exe = engine.executable(bucket, pool.dtype, engine._max_length(bucket, longest))
                 compiled[bucket] = time.perf_counter() - start
                 if os.environ.get("HLO_DIR"):  # the optimized program, to read which kernels XLA chose
-                    name_parts = [label.replace(":", "_"), *map(str, bucket)]
+                    name_parts = [label.replace(":", "_"), *map(str, bucket), pool.dtype.name]
                     (Path(os.environ["HLO_DIR"]) / f"tower_{'_'.join(name_parts)}.hlo.txt").write_text(exe.as_text())
                 mem = exe.memory_analysis()
                 emit(
@@ -664,8 +666,8 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 
 def latest(rows: list[dict]) -> list[dict]:
-    """The last row of each (impl, attention, call cap, token ladder, fit granule, segment ladder, tap write, devices,
-    workload): a later run of the same day supersedes an earlier one."""
+    """The last row of each (impl, attention, call cap, token ladder, fit granule, segment ladder, tap write, rows,
+    devices, workload): a later run of the same day supersedes an earlier one."""
     keys = {
         (
             r.get("impl"),
@@ -675,6 +677,7 @@ def latest(rows: list[dict]) -> list[dict]:
             r.get("fit_granule"),
             str(r.get("segments_ladder")),
             r.get("path") or r.get("taps"),
+            r.get("rows"),
             _gpus(r),
             r.get("workload"),
         ): r
@@ -709,6 +712,7 @@ def table(rows: list[dict]) -> str:
         label += f" fit{r['fit_granule']}" if r.get("fit_granule") is not None else ""
         label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
         label += f" {r.get('path') or r['taps']}" if r.get("path") or r.get("taps") else ""
+        label += " levels" if r.get("rows") == "levels" else ""
         lines.append(
             f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>26}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
@@ -897,7 +901,7 @@ def main() -> None:
                         sustain=args.sustain,
                         levels=levels,
                     )
-    if "1" in infos and not (args.no_warm_start or args.smoke):
+    if "1" in infos and not (args.no_warm_start or args.smoke or levels):
         warm_start(weights, infos["1"]["buckets"], emit)
     print(table(rows), flush=True)
     if args.sweep:

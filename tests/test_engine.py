@@ -566,13 +566,16 @@ def test_default_warmup_compiles_what_encode_sends():
     assert out.grid_thw == (1, 4, 6) and enc.parallel.compiles == 1
     enc.warmup(pixel_dtype="float32", run=False)
     assert enc.parallel.compiles == 2
-    levels = np.zeros((64, CFG.patch_dim), np.uint8)
-    enc.warmup(pixel_dtype="uint8", run=False)  # integer rows named: the float32 program they run in
-    enc.warmup(levels=True, run=False)  # `encode_patches(levels=True)`'s: encode's
-    enc.encode_patches(levels, np.array([(1, 8, 8)]), levels=True)
-    assert enc.parallel.compiles == 2
     with pytest.raises(ValueError, match="got float32 rows"):
         enc.warmup(pixel_dtype="float32", levels=True)
+    assert enc.parallel.compiles == 2
+    fresh = vitjax.Encoder.from_params(CFG, params, dtype="bfloat16", buckets=BucketPolicy(tokens=(64,), segments=(2,)))
+    fresh.warmup(pixel_dtype="uint8", run=False)  # integer rows named: the float32 program they run in
+    assert [key[1].name for key in fresh.parallel.engines[0]._executables] == ["float32"]
+    fresh.warmup(levels=True, run=False)  # `encode_patches(levels=True)`'s, which are encode's
+    assert sorted(key[1].name for key in fresh.parallel.engines[0]._executables) == ["float32", "uint8"]
+    fresh.encode_patches(np.zeros((64, CFG.patch_dim), np.uint8), np.array([(1, 8, 8)]), levels=True)
+    assert fresh.parallel.compiles == 2
     fp32 = vitjax.Encoder.from_params(CFG, params, dtype="float32", buckets=BucketPolicy(tokens=(64,), segments=(2,)))
     with pytest.raises(ValueError, match="got float32 tower"):
         fp32.warmup(levels=True)
