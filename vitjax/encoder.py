@@ -216,13 +216,12 @@ class Encoder:
         float32), or give `levels` for `encode_patches(levels=True)`."""
         if levels:
             self._check_levels(pixel_dtype)
-        buckets = None if buckets is None else [checked_bucket(b) for b in buckets]  # read once per dtype
-        if levels:
             dtypes = {LEVELS}
         elif pixel_dtype is not None:
             dtypes = {travel_dtype(pixel_dtype)}
         else:
             dtypes = {self._row_dtype} | ({np.dtype(np.float32)} if self.resolve_decoder() == "dali" else set())
+        buckets = None if buckets is None else [checked_bucket(b) for b in buckets]  # read once per dtype
         times: dict[Bucket, float] = {}
         for dtype in dtypes:  # `LEVELS` here is levels (a named uint8 became float32 above)
             for bucket, seconds in self.parallel.warmup(buckets, dtype, run, levels=dtype == LEVELS).items():
