@@ -14,6 +14,7 @@ sent: uint8 levels since 2026-11-28, bfloat16 before).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import io
 import json
@@ -35,7 +36,9 @@ from bench_image_processor import hf_processor  # noqa: E402
 from bench_vit import PRESET, flops, median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
+import vitjax.cache  # noqa: E402
 import vitjax.encoder  # noqa: E402
+import vitjax.preprocess  # noqa: E402
 from vitjax.engine import FIT_AFTER  # noqa: E402
 from vitjax.pipeline import Pipeline  # noqa: E402
 from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
@@ -70,6 +73,38 @@ def inline_dispatch(enc: vitjax.Encoder):
     return dispatch
 
 
+M_TOP_PAD = -2  # glibc's mallopt parameter
+GLIBC_TOP_PAD = 128 << 10  # its default (mallopt(3))
+
+
+def top_pad(nbytes: int) -> None:
+    """How much free memory glibc keeps at the top of each arena rather than handing it back to the kernel."""
+    if not ctypes.CDLL(None).mallopt(M_TOP_PAD, nbytes):
+        raise RuntimeError("mallopt(M_TOP_PAD) failed")
+
+
+class FirstCallPipeline(Pipeline):
+    """`Pipeline` whose first batch of an encode holds at most 1/`share` of the call budget (at least 4,800 rows, one
+    photo): the device starts on a small call while the host makes the next, larger one."""
+
+    def __init__(self, *args, share: int, **kw):
+        super().__init__(*args, **kw)
+        self._share = share
+        self._first = True
+
+    def batch(self, rows: int, host: bool | None = None):
+        if self._first:
+            self._first = False
+            rows = max(rows // self._share, 4800)
+        return super().batch(rows, host)
+
+
+def pipeline_kind(parts: list[str]):
+    """The `Pipeline` class a path's parts name (first_call_N), with its settings."""
+    first = [int(p.removeprefix("first_call_")) for p in parts if p.startswith("first_call_")]
+    return functools.partial(FirstCallPipeline, share=first[0]) if first else Pipeline
+
+
 def settled(call, enc: vitjax.Encoder) -> None:
     """`call` made as often as a size must be seen before its fitted bucket compiles, then that compile waited for:
     the calls after it run in the fitted bucket, with nothing compiling beside them."""
@@ -96,7 +131,10 @@ def main() -> None:
         default="shipped",
         help="vitjax end to end: code paths in this order, comma-separated, repeats allowed: shipped, "
         "inline_dispatch (each call dispatched from the encode's own thread, as before 2026-11-27), or bf16_rows "
-        "(rows made and sent as bfloat16 values, as before 2026-11-28, not as uint8 levels)",
+        "(rows made and sent as bfloat16 values, as before 2026-11-28, not as uint8 levels); top_pad (glibc keeps "
+        "64 MiB free at each arena's top, not glibc's 128 KiB); first_call_N (an encode's first call holds 1/N of "
+        "the call budget); asarray (an image's pixels copied out by np.asarray, Pillow's tobytes, for its digest and "
+        "rows, as before 2026-11-28, not viewed in place); joined with +",
     )
     parser.add_argument(
         "--workers",
@@ -195,11 +233,17 @@ def main() -> None:
         ]
         default_interval = sys.getswitchinterval()
         shipped_dispatch, shipped_rows = enc._dispatch, enc._row_dtype
+        shipped_pixels, shipped_bytes = vitjax.preprocess.rgb_pixels, vitjax.cache.rgb_bytes
         for decoder, batch_tokens, interval, workers, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
-            vitjax.encoder.Pipeline = functools.partial(Pipeline, workers=workers)
-            enc._dispatch = inline_dispatch(enc) if path == "inline_dispatch" else shipped_dispatch
-            enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if path == "bf16_rows" else shipped_rows
+            parts = path.split("+")
+            vitjax.encoder.Pipeline = functools.partial(pipeline_kind(parts), workers=workers)
+            top_pad(64 << 20 if "top_pad" in parts else GLIBC_TOP_PAD)
+            enc._dispatch = inline_dispatch(enc) if "inline_dispatch" in parts else shipped_dispatch
+            enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if "bf16_rows" in parts else shipped_rows
+            asarray = "asarray" in parts
+            vitjax.preprocess.rgb_pixels = np.asarray if asarray else shipped_pixels
+            vitjax.cache.rgb_bytes = np.asarray if asarray else shipped_bytes
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
@@ -227,6 +271,8 @@ def main() -> None:
             )
         sys.setswitchinterval(default_interval)
         vitjax.encoder.Pipeline = Pipeline
+        top_pad(GLIBC_TOP_PAD)
+        vitjax.preprocess.rgb_pixels, vitjax.cache.rgb_bytes = shipped_pixels, shipped_bytes
         # The two row forms give the same embeddings: levels mapped on the device are the bf16 values the host made.
         features = {}
         for row_dtype in (shipped_rows, np.dtype(ml_dtypes.bfloat16)):

@@ -18,12 +18,13 @@ import jax
 from PIL import Image
 
 from vitjax.checks import is_int, is_positive
+from vitjax.pil_pixels import rgb_bytes
 
 
 def pixel_digest(image: Image.Image) -> str:
     """sha256 of the decoded RGB pixels and their size: equal images hash equal whatever their encoding."""
     h = hashlib.sha256(f"{image.mode}:{image.width}x{image.height}:".encode())
-    h.update(image.tobytes())
+    h.update(rgb_bytes(image))
     return h.hexdigest()
 
 

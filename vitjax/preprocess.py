@@ -37,6 +37,7 @@ from PIL import Image
 
 from vitjax.checks import is_int, is_number, is_positive
 from vitjax.images import ImageInputError, input_name, load_image
+from vitjax.pil_pixels import rgb_pixels
 from vitjax.resize import resize_bicubic
 from vitjax.video import MAX_FRAMES, MIN_FRAMES, Clip, Video, VideoInputError, check_frame_bounds, open_clip
 
@@ -179,10 +180,12 @@ def preprocess_image(
 
 
 def resized_pixels(image: Image.Image, height: int, width: int, backend: str = "pil") -> np.ndarray:
-    """An RGB image resized as `backend`'s processor resizes it: uint8 (height, width, 3)."""
-    if backend == "pil":
-        return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC))
-    return resize_bicubic(np.asarray(image), height, width)
+    """An RGB image resized as `backend`'s processor resizes it: uint8 (height, width, 3), read-only (a view of a PIL
+    image's memory where `rgb_pixels` can)."""
+    if backend == "pil":  # Pillow's resize to the same size is a copy
+        same = image.size == (width, height)
+        return rgb_pixels(image if same else image.resize((width, height), Image.Resampling.BICUBIC))
+    return resize_bicubic(rgb_pixels(image), height, width)
 
 
 def check_backend(backend: str, setting: str = "backend") -> None:

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import jax
 
+from vitjax.capsules import capsule_pointer
+
 
 class _DLTensor(ctypes.Structure):
     """DLPack's `DLTensor` (a stable C ABI) followed by `DLManagedTensor`'s two pointers."""
@@ -29,16 +31,13 @@ class _DLTensor(ctypes.Structure):
     ]
 
 
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # Buffers handed to XLA must stay aligned: a view starting elsewhere is copied (by the runtime, no compile).
 _VIEW_ALIGN = 256
 
 
 def _cut_rows(capsule: object, array: jax.Array, start: int, rows: int) -> object:
     """Point a DLPack capsule of the whole `array` at rows [start, start+rows) only."""
-    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    tensor = _DLTensor.from_address(capsule_pointer(capsule, b"dltensor"))
     tensor.data += start * math.prod(array.shape[1:]) * array.dtype.itemsize
     tensor.shape[0] = rows
     return capsule

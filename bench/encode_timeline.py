@@ -1,0 +1,150 @@
+"""Where `Encoder.encode`'s time goes, JPEG bytes to embeddings: the 20 photos of `bench_encode.py` (8B tower, random
+bf16 weights, the machine's attention, cache off, PIL decoder) on N devices, with every host step of the request on
+one clock (ms from the call's start): each input's prepare (decode, hash) and rows in the pipeline's workers, when the
+encode's loop took each prepared input, each tower call's `Batch.finish` (waiting for its rows) and `encode_patches`
+in the dispatch thread, and when each call's outputs were ready on the device. Beside it, the same calls' rows
+given to `encode_patches` from the host with nothing else running (`tower_only`). Median of `--reps` requests; the
+timeline is the median request's.
+
+    PYTHONPATH=.:bench python bench/encode_timeline.py --devices 1 --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import jax
+import numpy as np
+from bench_attention import recorder  # bench/ is on sys.path when run as a script
+from bench_encode import jpegs, settled
+
+import vitjax
+import vitjax.encoder
+from vitjax import pipeline
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--images", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    _, emit = recorder("encode_timeline", args.out)
+    enc = vitjax.Encoder.random("qwen3-vl-8b", devices=args.devices, cache_bytes=0)
+    data = jpegs(args.images)
+    events: list[tuple[str, str, float, float]] = []  # (what, which, start, end), seconds from t0
+    t0 = [0.0]
+    lock = threading.Lock()
+
+    def note(what: str, which: str, start: float, end: float) -> None:
+        with lock:
+            events.append((what, which, start - t0[0], end - t0[0]))
+
+    def timed(owner, name: str, label, wait_outputs: bool = False) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            out = original(*a, **k)
+            end = time.perf_counter()
+            note(name, label(*a), start, end)
+            if wait_outputs:  # when the call's outputs are ready on the device, from a thread that waits on them
+                which = label(*a)
+
+                def wait(out=out, which=which):
+                    jax.block_until_ready(out)
+                    note("outputs_ready", which, end, time.perf_counter())
+
+                threading.Thread(target=wait).start()
+            return out
+
+        setattr(owner, name, wrapper)
+
+    timed(pipeline.PilDecoder, "prepare", lambda self, name, source: name)
+    timed(pipeline, "_fill_rows", lambda item, rows: item.name)
+    timed(pipeline.Batch, "finish", lambda self: f"{len(self.items)} inputs, {self.rows} rows")
+    timed(vitjax.Encoder, "encode_patches", lambda self, pixels, grids, **k: f"{len(grids)} inputs", True)
+    taken = pipeline.Pipeline.prepare
+
+    def prepare(self, items):
+        for item in taken(self, items):
+            now = time.perf_counter()
+            note("taken", getattr(item, "name", "error"), now, now)
+            yield item
+
+    pipeline.Pipeline.prepare = prepare
+
+    def request():
+        out = enc.encode(data)
+        jax.block_until_ready([o.features for o in out])
+
+    settled(request, enc)
+    runs = []
+    for _ in range(args.reps):
+        events.clear()
+        t0[0] = time.perf_counter()
+        request()
+        total = time.perf_counter() - t0[0]
+        time.sleep(0.05)  # the waiting threads note their last events
+        runs.append((total, sorted(events, key=lambda e: e[2])))
+    runs.sort(key=lambda r: r[0])
+    total, timeline = runs[len(runs) // 2]
+    ms = [round(r[0] * 1e3, 2) for r in runs]
+
+    def span(what: str) -> list[float]:
+        hits = [e for e in timeline if e[0] == what]
+        return [round(min(e[2] for e in hits) * 1e3, 2), round(max(e[3] for e in hits) * 1e3, 2)] if hits else []
+
+    calls = [
+        (e[1], round(e[2] * 1e3, 2), round(e[3] * 1e3, 2)) for e in timeline if e[0] in ("finish", "encode_patches")
+    ]
+    ready = [(e[1], round(e[3] * 1e3, 2)) for e in timeline if e[0] == "outputs_ready"]
+    emit(
+        {
+            "devices": args.devices,
+            "images": args.images,
+            "attention": enc.attention,
+            "label": "encode",
+            "ms": total * 1e3,
+            "ms_all": ms,
+            "prepare_span_ms": span("prepare"),
+            "rows_span_ms": span("_fill_rows"),
+            "taken_span_ms": span("taken"),
+            "calls": calls,
+            "outputs_ready": ready,
+            "events": [(w, n, round(a * 1e3, 2), round(b * 1e3, 2)) for w, n, a, b in timeline],
+        }
+    )
+    print(f"encode {total * 1e3:.1f} ms (all {ms}); prepare {span('prepare')}, rows {span('_fill_rows')}")
+    for c in calls:
+        print("  ", c)
+    for r in ready:
+        print("   ready", r)
+    # The same calls' rows from the host with nothing else running: what the tower takes for them.
+    sizes = [int(c[0].split()[0]) for c in calls if "rows" not in c[0]]
+    grid = (1, 60, 80)  # a 960x1280 photo's patches
+    rng = np.random.default_rng(0)
+    pixels = [rng.integers(0, 256, (n * 4800, 1536), np.uint8) for n in sizes]
+
+    def tower_only():
+        outs = [enc.encode_patches(p, np.array([grid] * (len(p) // 4800)), levels=True) for p in pixels]
+        jax.block_until_ready(outs)
+
+    for _ in range(3):
+        tower_only()
+    times = []
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        tower_only()
+        times.append((time.perf_counter() - start) * 1e3)
+    emit(
+        {"devices": args.devices, "label": "tower_only", "calls": sizes, "ms": float(np.median(times)), "ms_all": times}
+    )
+    print(f"tower only, calls of {sizes} inputs: {np.median(times):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
