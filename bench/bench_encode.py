@@ -42,6 +42,7 @@ import vitjax.preprocess  # noqa: E402
 from vitjax.engine import FIT_AFTER  # noqa: E402
 from vitjax.pipeline import Pipeline  # noqa: E402
 from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
+from vitjax.resize import resize_bicubic  # noqa: E402
 
 PHOTOS = Path(__file__).resolve().parents[1] / "tests" / "data" / "images"
 
@@ -74,13 +75,28 @@ def inline_dispatch(enc: vitjax.Encoder):
 
 
 M_TOP_PAD = -2  # glibc's mallopt parameter
-GLIBC_TOP_PAD = 128 << 10  # its default (mallopt(3))
 
 
 def top_pad(nbytes: int) -> None:
-    """How much free memory glibc keeps at the top of each arena rather than handing it back to the kernel."""
+    """How much free memory glibc keeps at the top of each arena rather than handing it back to the kernel. Setting it
+    also fixes glibc's mmap threshold (128 KiB unless set), which otherwise follows the largest block freed: a
+    process-wide change that cannot be undone, so it is a setting of the whole run (`--malloc-top-pad`)."""
     if not ctypes.CDLL(None).mallopt(M_TOP_PAD, nbytes):
         raise RuntimeError("mallopt(M_TOP_PAD) failed")
+
+
+def old_resized_pixels(image: Image.Image, height: int, width: int, backend: str = "pil") -> np.ndarray:
+    """`preprocess.resized_pixels` as it was through 2026-11-27: numpy's copy (Pillow's `tobytes`) of the image, resized
+    by Pillow even to its own size."""
+    if backend == "pil":
+        return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC))
+    return resize_bicubic(np.asarray(image), height, width)
+
+
+def pixels_copied(on: bool, shipped: tuple) -> None:
+    """Put the pixel copies of 2026-11-27 (`old_resized_pixels`, and `np.asarray` for the digest) in place, or the
+    `shipped` (`resized_pixels`, `rgb_bytes`) back."""
+    vitjax.preprocess.resized_pixels, vitjax.cache.rgb_bytes = (old_resized_pixels, np.asarray) if on else shipped
 
 
 class FirstCallPipeline(Pipeline):
@@ -131,10 +147,9 @@ def main() -> None:
         default="shipped",
         help="vitjax end to end: code paths in this order, comma-separated, repeats allowed: shipped, "
         "inline_dispatch (each call dispatched from the encode's own thread, as before 2026-11-27), or bf16_rows "
-        "(rows made and sent as bfloat16 values, as before 2026-11-28, not as uint8 levels); top_pad (glibc keeps "
-        "64 MiB free at each arena's top, not glibc's 128 KiB); first_call_N (an encode's first call holds 1/N of "
-        "the call budget); asarray (an image's pixels copied out by np.asarray, Pillow's tobytes, for its digest and "
-        "rows, as before 2026-11-28, not viewed in place); joined with +",
+        "(rows made and sent as bfloat16 values, as before 2026-11-28, not as uint8 levels); first_call_N (an encode's "
+        "first call holds 1/N of the call budget); asarray (an image's pixels copied out by np.asarray, Pillow's "
+        "tobytes, for its digest and rows, and resized even to its own size, as before 2026-11-28); joined with +",
     )
     parser.add_argument(
         "--workers",
@@ -142,11 +157,19 @@ def main() -> None:
         "for the preprocessing alone and vitjax end to end",
     )
     parser.add_argument(
+        "--malloc-top-pad",
+        type=int,
+        help="bytes glibc keeps free at each arena's top, set for the whole run (mallopt M_TOP_PAD; this also fixes "
+        "its mmap threshold); default: glibc's own settings",
+    )
+    parser.add_argument(
         "--switch-intervals",
         help="vitjax end to end under each of these Python switch intervals (ms, comma-separated; default: the "
         "interpreter's): how long a thread that let go of Python's lock may wait to get it back",
     )
     args = parser.parse_args()
+    if args.malloc_top_pad is not None:
+        top_pad(args.malloc_top_pad)
 
     import torch
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
@@ -158,7 +181,8 @@ def main() -> None:
     rows = []
 
     def emit(row: dict) -> None:
-        rows.append({**meta, "bench": "encode", "workload": f"{args.images}x960x1280 jpeg", **row})
+        top = {"malloc_top_pad": args.malloc_top_pad} if args.malloc_top_pad is not None else {}
+        rows.append({**meta, "bench": "encode", "workload": f"{args.images}x960x1280 jpeg", **top, **row})
         print(json.dumps(rows[-1]), flush=True)
 
     # HF: processor (PIL backend, exact) then the tower, on weights vitjax loads below.
@@ -233,17 +257,14 @@ def main() -> None:
         ]
         default_interval = sys.getswitchinterval()
         shipped_dispatch, shipped_rows = enc._dispatch, enc._row_dtype
-        shipped_pixels, shipped_bytes = vitjax.preprocess.rgb_pixels, vitjax.cache.rgb_bytes
+        shipped_pixels = vitjax.preprocess.resized_pixels, vitjax.cache.rgb_bytes
         for decoder, batch_tokens, interval, workers, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
             parts = path.split("+")
             vitjax.encoder.Pipeline = functools.partial(pipeline_kind(parts), workers=workers)
-            top_pad(64 << 20 if "top_pad" in parts else GLIBC_TOP_PAD)
             enc._dispatch = inline_dispatch(enc) if "inline_dispatch" in parts else shipped_dispatch
             enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if "bf16_rows" in parts else shipped_rows
-            asarray = "asarray" in parts
-            vitjax.preprocess.rgb_pixels = np.asarray if asarray else shipped_pixels
-            vitjax.cache.rgb_bytes = np.asarray if asarray else shipped_bytes
+            pixels_copied("asarray" in parts, shipped_pixels)
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
@@ -271,8 +292,7 @@ def main() -> None:
             )
         sys.setswitchinterval(default_interval)
         vitjax.encoder.Pipeline = Pipeline
-        top_pad(GLIBC_TOP_PAD)
-        vitjax.preprocess.rgb_pixels, vitjax.cache.rgb_bytes = shipped_pixels, shipped_bytes
+        pixels_copied(False, shipped_pixels)
         # The two row forms give the same embeddings: levels mapped on the device are the bf16 values the host made.
         features = {}
         for row_dtype in (shipped_rows, np.dtype(ml_dtypes.bfloat16)):

@@ -6,16 +6,19 @@ threads. Each variant runs in a process of its own (an allocator setting is made
 
 - `shipped`: the pipeline as it is;
 - `asarray`: an image's pixels copied out by `np.asarray` (Pillow's `tobytes`, which holds Python's lock) for its
-  digest and its rows, as before 2026-11-28, rather than viewed in place (`vitjax.pil_pixels`);
-- `top_pad`: glibc keeps up to 64 MiB free at each arena's top (`MALLOC_TOP_PAD_`, as `mallopt(M_TOP_PAD)`): a worker
-  thread's freed memory otherwise goes back to the kernel, and the next image faults its pages in again, zeroed;
+  digest and its rows, and resized even to its own size, as before 2026-11-28 (`bench_encode.old_resized_pixels`),
+  rather than viewed in place (`vitjax.pil_pixels`);
+- `top_pad`: glibc keeps up to 64 MiB free at each arena's top (`MALLOC_TOP_PAD_`, as `mallopt(M_TOP_PAD)`, which also
+  fixes its mmap threshold): a worker thread's freed memory otherwise goes back to the kernel, and the next image
+  faults its pages in again, zeroed;
 - `reuse`: the batch buffer (32 MB or more: glibc maps and unmaps it each time) is allocated once and reused;
 - `top_pad+reuse`: both.
 
 Per variant, workers and N: the median wall time of 5 runs (after one untimed), and that run's process CPU time
 (user, system) and minor page faults. `--stages` instead times each step of one image alone in 1..32 threads
-(decode, Pillow's `tobytes`, `np.asarray` of an image, the in-place view packed for hashing, sha256, the rows from
-an array): which steps scale with threads. One JSON object per line, appended to <out>/<device>-<date>.jsonl.
+(decode, Pillow's `tobytes`, `np.asarray` of an image, the in-place view packed for hashing, sha256 of a contiguous
+copy, `preprocess_image` of an array: `Image.fromarray`, the view, the rows): which steps scale with threads.
+One JSON object per line, appended to <out>/<device>-<date>.jsonl.
 
     PYTHONPATH=. python bench/bench_preprocess_threads.py --out bench/results [--stages]
 """
@@ -36,12 +39,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_encode import jpegs  # noqa: E402
+from bench_encode import jpegs, pixels_copied  # noqa: E402
 from bench_vit import PRESET, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
-import vitjax.cache  # noqa: E402
-import vitjax.preprocess  # noqa: E402
 from vitjax.images import load_image  # noqa: E402
 from vitjax.pil_pixels import rgb_bytes  # noqa: E402
 from vitjax.pipeline import Batch, Pipeline  # noqa: E402
@@ -60,8 +61,7 @@ def measure(variant: str, counts: list[int], workers: list[int]) -> list[dict]:
     """This process's rows for `variant` (its allocator already set by the parent)."""
     cfg = vitjax.VisionConfig.preset(PRESET)
     if variant == "asarray":
-        vitjax.preprocess.rgb_pixels = np.asarray
-        vitjax.cache.rgb_bytes = np.asarray
+        pixels_copied(True, ())
     rows = []
     for n in counts:
         data = [(f"{k}.jpg", b) for k, b in enumerate(jpegs(n))]
@@ -163,8 +163,9 @@ def main() -> None:
     for variant in args.variants.split(","):
         env = {**os.environ, **VARIANTS[variant]}
         argv = [sys.executable, __file__, "--child", variant, "--images", args.images, "--workers", args.workers]
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
         sys.stderr.write(done.stderr)
+        done.check_returncode()
         rows += [{**meta, **host, "bench": "preprocess_threads", **r} for r in json.loads(done.stdout.splitlines()[-1])]
     args.out.mkdir(parents=True, exist_ok=True)
     with results_file(args.out, meta).open("a") as f:

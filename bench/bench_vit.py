@@ -30,6 +30,7 @@ import gzip
 import itertools
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -373,11 +374,12 @@ def versions() -> dict:
     import importlib.metadata as md
 
     out = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
-    for name in ("jaxlib", "flax", "torch", "transformers"):
+    for name in ("jaxlib", "flax", "torch", "transformers", "pillow", "numpy"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             out[name] = None
+    out["libc"] = " ".join(platform.libc_ver())  # the allocator the host side runs on
     out["date"] = datetime.date.today().isoformat()
     out["run"] = datetime.datetime.now().isoformat(timespec="seconds")  # several runs may share a day's file
     out.update(code_revision.revision())  # which code ran: bench/code_revision.py maps the digest to a commit

@@ -8,13 +8,16 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+import PIL
 import pytest
 from PIL import Image
 
+import vitjax.preprocess
 from vitjax.cache import pixel_digest
 from vitjax.images import load_image
 from vitjax.pil_pixels import rgb_bytes, rgb_pixels
 from vitjax.preprocess import LEVELS, preprocess_image
+from vitjax.resize import resize_bicubic
 
 PHOTOS = Path(__file__).parent / "data" / "images"
 RNG = np.random.default_rng(7)
@@ -75,6 +78,33 @@ def test_a_view_outlives_its_image():
     assert len(churn) == 20
 
 
+@pytest.fixture
+def alignment():
+    """Set Pillow's row alignment (`PILLOW_ALIGNMENT`) for a test; put back after it."""
+    before = Image.core.get_alignment()
+    yield Image.core.set_alignment
+    Image.core.set_alignment(before)
+
+
+@pytest.mark.parametrize("bytes_", [16, 64])
+def test_padded_rows(alignment, bytes_):
+    """Rows Pillow pads to an alignment are not one run: numpy's copy (Pillow before 13 exports them as unpadded)."""
+    alignment(bytes_)
+    image = random_image(7, 53)  # 53 x 4 bytes a row: padded under 16 and 64
+    pixels = rgb_pixels(image)
+    assert pixels.strides[1] == 3
+    np.testing.assert_array_equal(pixels, np.asarray(image))
+    assert rgb_bytes(image).tobytes() == image.tobytes()
+
+
+@pytest.mark.skipif(int(PIL.__version__.split(".")[0]) < 13, reason="Pillow before 13 exports padded rows as unpadded")
+def test_padded_rows_viewed_after_the_alignment_is_reset(alignment):
+    alignment(64)
+    image = random_image(7, 53)
+    alignment(1)
+    np.testing.assert_array_equal(rgb_pixels(image), np.asarray(image))
+
+
 def test_refuses_other_modes():
     with pytest.raises(ValueError, match="RGB images, not RGBA"):
         rgb_pixels(Image.new("RGBA", (4, 4)))
@@ -89,23 +119,36 @@ def test_a_pillow_without_arrow_export(monkeypatch):
     np.testing.assert_array_equal(pixels, np.asarray(image))
 
 
+def old_resized_pixels(image: Image.Image, height: int, width: int, backend: str = "pil") -> np.ndarray:
+    """`resized_pixels` as it was through 2026-11-27: numpy's copy of the (always) resized image."""
+    if backend == "pil":
+        return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC))
+    return resize_bicubic(np.asarray(image), height, width)
+
+
 @pytest.mark.parametrize("backend", ["pil", "torchvision"])
 def test_digest_and_rows_without_tobytes(monkeypatch, backend):
-    """A photo's digest (the cache key, `Encoded.sha256`) and rows, resized or not, are what they were through
-    tobytes, and they no longer go through it: a copy each that held Python's lock and kept preprocessing threads
-    queued on a many-core host."""
+    """A photo's digest (the cache key, `Encoded.sha256`) and rows, resized or not, are what the earlier code gave
+    through tobytes, and they no longer go through it: a copy each that held Python's lock and kept preprocessing
+    threads queued on a many-core host."""
     photo = load_image(PHOTOS / "coffee.jpg")  # 600 x 400: resized to a multiple of 32
     exact = random_image(256, 320)  # multiples of 32, at least min_pixels: not resized
     cases = []
-    for image in (photo, exact):
-        digest = hashlib.sha256(f"RGB:{image.width}x{image.height}:".encode() + image.tobytes()).hexdigest()
-        rows, grid = preprocess_image(np.asarray(image), backend=backend)  # float32, through numpy's copy
-        levels = preprocess_image(np.asarray(image), out=np.empty(rows.shape, LEVELS), backend=backend)[0]
-        cases.append((image, digest, rows, grid, levels))
+    with monkeypatch.context() as before:
+        before.setattr(vitjax.preprocess, "resized_pixels", old_resized_pixels)
+        for image in (photo, exact):
+            digest = hashlib.sha256(f"RGB:{image.width}x{image.height}:".encode() + image.tobytes()).hexdigest()
+            rows, grid = preprocess_image(image, backend=backend)  # float32
+            levels = preprocess_image(image, out=np.empty(rows.shape, LEVELS), backend=backend)[0]
+            cases.append((image, digest, rows, grid, levels))
     no_tobytes(monkeypatch)
+    resize = Image.Image.resize
     for image, digest, rows, grid, levels in cases:
         assert pixel_digest(image) == digest
+        if image is exact:  # the same size: no resize at all (Pillow's would be a copy)
+            monkeypatch.setattr(Image.Image, "resize", lambda *a, **k: pytest.fail("resized to its own size"))
         got, got_grid = preprocess_image(image, backend=backend)
         np.testing.assert_array_equal(got, rows)
         np.testing.assert_array_equal(got_grid, grid)
         np.testing.assert_array_equal(preprocess_image(image, out=np.empty_like(levels), backend=backend)[0], levels)
+        monkeypatch.setattr(Image.Image, "resize", resize)

@@ -22,7 +22,8 @@ from vitjax.pil_pixels import rgb_bytes
 
 
 def pixel_digest(image: Image.Image) -> str:
-    """sha256 of the decoded RGB pixels and their size: equal images hash equal whatever their encoding."""
+    """sha256 of the decoded pixels of an RGB image and their size: equal images hash equal whatever their encoding.
+    (The mode stays in the hashed prefix, "RGB" always, so that digests match those of earlier versions.)"""
     h = hashlib.sha256(f"{image.mode}:{image.width}x{image.height}:".encode())
     h.update(rgb_bytes(image))
     return h.hexdigest()

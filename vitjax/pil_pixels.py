@@ -8,7 +8,10 @@ image's memory through the Arrow C data interface (`Image.__arrow_c_array__`): a
 copies that follow (numpy's, hashlib's) let go of the lock. Pillow keeps an RGB pixel in 4 bytes (RGBX), so the view
 is a strided [height, width, 3] slice of [height, width, 4]. An image Pillow holds in several blocks (larger than its
 16 MiB block: above ~4 MP in RGB) cannot be exported in one piece, and an older Pillow has no export: both take
-`np.asarray`, the same pixels.
+`np.asarray`, the same pixels. Pillow before 13 also exports an image whose rows it padded (`PILLOW_ALIGNMENT` above
+4 bytes) as if they were not, so there the export is read only while the alignment is 1, 2 or 4, under which a
+4-byte pixel's rows are never padded (Pillow 13 refuses padded rows itself). What that cannot see, on Pillow 11.2 to
+12: an image allocated while a larger alignment was set at runtime, then viewed after it was set back.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import PIL
 from PIL import Image
 
 from vitjax.capsules import capsule_pointer
@@ -39,6 +43,14 @@ _ArrowArray._fields_ = [
 ]
 
 
+_PILLOW_13 = int(PIL.__version__.split(".")[0]) >= 13
+
+
+def _rows_unpadded() -> bool:
+    """Whether Pillow's export can be read as one run of rows (see the module's docstring)."""
+    return _PILLOW_13 or getattr(Image.core, "get_alignment", lambda: 1)() in (1, 2, 4)
+
+
 class _Exported:
     """Numpy's base for a view of an image's memory: holds the image and its Arrow export while the view lives."""
 
@@ -50,9 +62,12 @@ class _Exported:
 
 def rgb_pixels(image: Image.Image) -> np.ndarray:
     """`np.asarray(image)` for an RGB image, [height, width, 3] uint8 (read-only): a view of Pillow's memory where
-    Pillow exports it in one piece (checked on Pillow 12.3 and 13.0), else numpy's copy."""
+    Pillow exports it in one piece (checked on Pillow 11.3, 12.3 and 13.0), else numpy's copy. A view, not a
+    snapshot: edits made to the image in place afterwards (`paste`, `putpixel`) show through it."""
     if image.mode != "RGB":
         raise ValueError(f"rgb_pixels takes RGB images, not {image.mode}")
+    if not _rows_unpadded():
+        return np.asarray(image)
     try:
         export = image.__arrow_c_array__()
     except (AttributeError, ValueError):  # Pillow < 11.2; an image in several blocks ("rows are not contiguous")

@@ -180,8 +180,8 @@ def preprocess_image(
 
 
 def resized_pixels(image: Image.Image, height: int, width: int, backend: str = "pil") -> np.ndarray:
-    """An RGB image resized as `backend`'s processor resizes it: uint8 (height, width, 3), read-only (a view of a PIL
-    image's memory where `rgb_pixels` can)."""
+    """An RGB image resized as `backend`'s processor resizes it: uint8 (height, width, 3), read-only: a view of a PIL
+    image's memory where `rgb_pixels` can, `image`'s own when no resize is needed (so use it before editing `image`)."""
     if backend == "pil":  # Pillow's resize to the same size is a copy
         same = image.size == (width, height)
         return rgb_pixels(image if same else image.resize((width, height), Image.Resampling.BICUBIC))
