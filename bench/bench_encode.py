@@ -93,10 +93,14 @@ def old_resized_pixels(image: Image.Image, height: int, width: int, backend: str
     return resize_bicubic(np.asarray(image), height, width)
 
 
-def pixels_copied(on: bool, shipped: tuple) -> None:
+SHIPPED_PIXELS = (vitjax.preprocess.resized_pixels, vitjax.cache.rgb_bytes)
+
+
+def pixels_copied(on: bool) -> None:
     """Put the pixel copies of 2026-11-27 (`old_resized_pixels`, and `np.asarray` for the digest) in place, or the
-    `shipped` (`resized_pixels`, `rgb_bytes`) back."""
-    vitjax.preprocess.resized_pixels, vitjax.cache.rgb_bytes = (old_resized_pixels, np.asarray) if on else shipped
+    shipped `resized_pixels` and `rgb_bytes` back."""
+    pixels = (old_resized_pixels, np.asarray) if on else SHIPPED_PIXELS
+    vitjax.preprocess.resized_pixels, vitjax.cache.rgb_bytes = pixels
 
 
 class FirstCallPipeline(Pipeline):
@@ -257,14 +261,13 @@ def main() -> None:
         ]
         default_interval = sys.getswitchinterval()
         shipped_dispatch, shipped_rows = enc._dispatch, enc._row_dtype
-        shipped_pixels = vitjax.preprocess.resized_pixels, vitjax.cache.rgb_bytes
         for decoder, batch_tokens, interval, workers, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
             parts = path.split("+")
             vitjax.encoder.Pipeline = functools.partial(pipeline_kind(parts), workers=workers)
             enc._dispatch = inline_dispatch(enc) if "inline_dispatch" in parts else shipped_dispatch
             enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if "bf16_rows" in parts else shipped_rows
-            pixels_copied("asarray" in parts, shipped_pixels)
+            pixels_copied("asarray" in parts)
 
             def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
                 out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
@@ -292,7 +295,7 @@ def main() -> None:
             )
         sys.setswitchinterval(default_interval)
         vitjax.encoder.Pipeline = Pipeline
-        pixels_copied(False, shipped_pixels)
+        pixels_copied(False)
         # The two row forms give the same embeddings: levels mapped on the device are the bf16 values the host made.
         features = {}
         for row_dtype in (shipped_rows, np.dtype(ml_dtypes.bfloat16)):

@@ -61,7 +61,7 @@ def measure(variant: str, counts: list[int], workers: list[int]) -> list[dict]:
     """This process's rows for `variant` (its allocator already set by the parent)."""
     cfg = vitjax.VisionConfig.preset(PRESET)
     if variant == "asarray":
-        pixels_copied(True, ())
+        pixels_copied(True)
     rows = []
     for n in counts:
         data = [(f"{k}.jpg", b) for k, b in enumerate(jpegs(n))]
