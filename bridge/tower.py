@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 
 import jax
@@ -24,6 +23,7 @@ from torch import nn
 import vitjax
 from bridge import backend, dlpack
 from vitjax.buckets import Bucket
+from vitjax.notices import notice_once
 from vitjax.weights import from_named_arrays
 
 
@@ -179,7 +179,7 @@ class JaxVisionTower(nn.Module):
                     with open(trace, "a") as f:
                         f.write(json.dumps(record) + "\n")
                 except OSError as e:  # a full disk or a removed folder costs the trace, never the request
-                    warnings.warn(f"{backend.TRACE_ENV}={trace!r}: not written ({e.strerror or e})", stacklevel=2)
+                    notice_once(__name__, f"{backend.TRACE_ENV}={trace!r}: not written ({e.strerror or e})")
             return features
 
     def _on_device(self) -> contextlib.AbstractContextManager:

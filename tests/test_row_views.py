@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import logging
+import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,3 +40,23 @@ def test_row_views_through_jax_private_dlpack_entry_points():
     assert view.devices() == x.devices()
     assert view.unsafe_buffer_pointer() - x.unsafe_buffer_pointer() == 8 * 64
     np.testing.assert_array_equal(view, np.asarray(x)[8:28])
+
+
+def test_a_refused_view_is_sliced_with_one_notice_even_under_warnings_as_errors(monkeypatch, caplog):
+    """Where DLPack refuses, the rows are sliced instead and the call goes on: the refusal is logged once, not
+    warned, so `-W error` cannot turn it into the call's failure."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("DLPack refused here")
+
+    monkeypatch.setattr(row_views, "_import_rows", lambda *args: None)
+    monkeypatch.setattr(jax.dlpack, "from_dlpack", refuse)
+    x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, "vitjax.row_views"):
+        warnings.simplefilter("error")
+        views = [row_view(x, 8, 20), row_view(x, 8, 20), row_view(x, 0, 3)]
+    for view, (start, rows) in zip(views, [(8, 20), (8, 20), (0, 3)], strict=True):
+        np.testing.assert_array_equal(view, np.asarray(x)[start : start + rows])
+    assert [r.getMessage() for r in caplog.records] == [
+        "zero-copy row views unavailable (DLPack refused here); slicing per image size instead"
+    ]

@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -45,6 +44,7 @@ from vitjax.buckets import Bucket, BucketPolicy
 from vitjax.config import VisionConfig
 from vitjax.leftovers import remove_stale
 from vitjax.model import TowerInputs
+from vitjax.notices import notice_once
 from vitjax.preprocess import LEVELS, TABLES
 from vitjax.row_views import row_views
 
@@ -374,7 +374,8 @@ class Engine:
 
     def _install(self, key: tuple) -> bool:
         """Move a finished fitted compile from `_fitting` into `_executables` (the least recently used fitted one
-        dropped past `FITTED_EXECUTABLES`), or into `_unfit` with a warning if it failed; under `_fit_lock`."""
+        dropped past `FITTED_EXECUTABLES`), or into `_unfit` with a notice (`notices`) if it failed; under
+        `_fit_lock`."""
         future = self._fitting.pop(key)
         self._sightings.pop(key, None)
         if key in self._executables:  # a warm-up compiled it meanwhile: that one stays, outside the fitted bound
@@ -385,8 +386,7 @@ class Engine:
             self._executables[key] = future.result()
         except Exception as e:  # e.g. out of device memory while autotuning: the ladder's bucket still runs
             self._unfit.add(key)
-            message = f"vitjax: no fitted bucket {key[0]} ({e}); its calls stay in their ladder bucket"
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            notice_once(__name__, f"no fitted bucket {key[0]} ({e}); its calls stay in their ladder bucket")
             return False
         self.compiles += 1
         self._fitted[key] = None

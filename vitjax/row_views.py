@@ -6,13 +6,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import warnings
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import jax
 
 from vitjax.capsules import capsule_pointer
+from vitjax.notices import notice_once
 
 
 class _DLTensor(ctypes.Structure):
@@ -129,7 +129,7 @@ def row_view(array: jax.Array, start: int, rows: int, importer: _Importer | None
             view = jax.dlpack.from_dlpack(_Rows(array, start, rows), device=array.sharding, copy=copy)
         return view
     except Exception as e:  # any refusal: slice instead
-        warnings.warn(f"zero-copy row views unavailable ({e}); slicing per image size instead", stacklevel=2)
+        notice_once(__name__, f"zero-copy row views unavailable ({e}); slicing per image size instead")
     return _slice_rows(array, start, rows)
 
 
