@@ -40,7 +40,7 @@ import vitjax.cache  # noqa: E402
 import vitjax.encoder  # noqa: E402
 import vitjax.preprocess  # noqa: E402
 from vitjax.engine import FIT_AFTER  # noqa: E402
-from vitjax.pipeline import Pipeline  # noqa: E402
+from vitjax.pipeline import Pipeline, default_workers  # noqa: E402
 from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
 from vitjax.resize import resize_bicubic  # noqa: E402
 
@@ -225,8 +225,7 @@ def main() -> None:
     model = None  # free the GPU for JAX
     torch.cuda.empty_cache()
 
-    default_workers = min(8, os.cpu_count() or 1)  # the pipeline's
-    worker_counts = [int(w) for w in args.workers.split(",")] if args.workers else [default_workers]
+    worker_counts = [int(w) for w in args.workers.split(",")] if args.workers else [default_workers()]
     shapes = [(int(np.prod(g)), cfg.patch_dim) for g in grids]
     for workers, dtype in [(w, d) for w in worker_counts for d in (LEVELS, np.dtype(ml_dtypes.bfloat16))]:
 

@@ -4,7 +4,7 @@ one clock (ms from the call's start): each input's prepare (decode, hash) and ro
 encode's loop took each prepared input, each tower call's `Batch.finish` (waiting for its rows) and `encode_patches`
 in the dispatch thread, and when each call's outputs were ready on the device. Beside it, the same calls' rows
 given to `encode_patches` from the host with nothing else running (`tower_only`). Median of `--reps` requests; the
-timeline is the median request's.
+timeline is the median request's; with `--workers`, one timeline for each count of preprocessing threads, in turn.
 
     PYTHONPATH=.:bench python bench/encode_timeline.py --devices 1 --out bench/results
 """
@@ -12,6 +12,7 @@ timeline is the median request's.
 from __future__ import annotations
 
 import argparse
+import functools
 import threading
 import time
 
@@ -31,6 +32,9 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument(
+        "--workers", help="comma-separated preprocessing thread counts, repeats allowed (default: the pipeline's)"
+    )
     args = ap.parse_args()
     _, emit = recorder("encode_timeline", args.out)
     enc = vitjax.Encoder.random("qwen3-vl-8b", devices=args.devices, cache_bytes=0)
@@ -85,6 +89,36 @@ def main() -> None:
         while waiters:  # each has noted its call before the next request's events begin
             waiters.pop().join()
 
+    calls = []
+    for workers in [int(w) for w in args.workers.split(",")] if args.workers else [None]:
+        vitjax.encoder.Pipeline = functools.partial(pipeline.Pipeline, workers=workers)
+        calls = timeline_of(request, enc, events, t0, args, emit, workers)
+    vitjax.encoder.Pipeline = pipeline.Pipeline
+    # The same calls' rows from the host with nothing else running: what the tower takes for them.
+    sizes = [int(c[0].split()[0]) for c in calls if "rows" not in c[0]]
+    grid = (1, 60, 80)  # a 960x1280 photo's patches: every input of this workload
+    rng = np.random.default_rng(0)
+    pixels = [rng.integers(0, 256, (n * 4800, 1536), np.uint8) for n in sizes]
+
+    def tower_only():
+        outs = [enc.encode_patches(p, np.array([grid] * (len(p) // 4800)), levels=True) for p in pixels]
+        jax.block_until_ready(outs)
+
+    for _ in range(3):
+        tower_only()
+    times = []
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        tower_only()
+        times.append((time.perf_counter() - start) * 1e3)
+    emit(
+        {"devices": args.devices, "label": "tower_only", "calls": sizes, "ms": float(np.median(times)), "ms_all": times}
+    )
+    print(f"tower only, calls of {sizes} inputs: {np.median(times):.1f} ms")
+
+
+def timeline_of(request, enc, events, t0, args, emit, workers: int | None) -> list[tuple]:
+    """`--reps` requests after settling ones; the median request's timeline emitted, its calls returned."""
     settled(request, enc)
     runs = []
     for _ in range(args.reps):
@@ -109,6 +143,7 @@ def main() -> None:
         {
             "devices": args.devices,
             "images": args.images,
+            "workers": workers or pipeline.default_workers(),
             "attention": enc.attention,
             "label": "encode",
             "ms": total * 1e3,
@@ -121,32 +156,13 @@ def main() -> None:
             "events": [(w, n, round(a * 1e3, 2), round(b * 1e3, 2)) for w, n, a, b in timeline],
         }
     )
-    print(f"encode {total * 1e3:.1f} ms (all {ms}); prepare {span('prepare')}, rows {span('_fill_rows')}")
+    spans = f"prepare {span('prepare')}, rows {span('_fill_rows')}"
+    print(f"{workers or 'default'} workers: encode {total * 1e3:.1f} ms (all {ms}); {spans}")
     for c in calls:
         print("  ", c)
     for r in ready:
         print("   ready", r)
-    # The same calls' rows from the host with nothing else running: what the tower takes for them.
-    sizes = [int(c[0].split()[0]) for c in calls if "rows" not in c[0]]
-    grid = (1, 60, 80)  # a 960x1280 photo's patches: every input of this workload
-    rng = np.random.default_rng(0)
-    pixels = [rng.integers(0, 256, (n * 4800, 1536), np.uint8) for n in sizes]
-
-    def tower_only():
-        outs = [enc.encode_patches(p, np.array([grid] * (len(p) // 4800)), levels=True) for p in pixels]
-        jax.block_until_ready(outs)
-
-    for _ in range(3):
-        tower_only()
-    times = []
-    for _ in range(args.reps):
-        start = time.perf_counter()
-        tower_only()
-        times.append((time.perf_counter() - start) * 1e3)
-    emit(
-        {"devices": args.devices, "label": "tower_only", "calls": sizes, "ms": float(np.median(times)), "ms_all": times}
-    )
-    print(f"tower only, calls of {sizes} inputs: {np.median(times):.1f} ms")
+    return calls
 
 
 if __name__ == "__main__":

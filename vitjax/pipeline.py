@@ -320,6 +320,11 @@ def is_video(source: object) -> bool:
     return isinstance(source, Video) or is_video_path(source)
 
 
+def default_workers() -> int:
+    """Preprocessing threads when none are given: up to 8, one a core."""
+    return min(8, os.cpu_count() or 1)
+
+
 class Pipeline:
     """Inputs -> `Item`s -> one pixel buffer per batch, in a pool of worker threads (use it as a context manager).
 
@@ -359,7 +364,7 @@ class Pipeline:
         self.decoder: Decoder = decoder_cls(cfg, min_pixels, max_pixels, image_processor_backend)
         self.video = VideoDecoder(cfg, video_min_pixels, video_max_pixels, fps, num_frames)
         self.settings = (min_pixels, max_pixels, image_processor_backend)
-        workers = workers or min(8, os.cpu_count() or 1)
+        workers = workers or default_workers()
         self.window = window or 2 * workers
         self._pool = ThreadPoolExecutor(workers, "vitjax-pipeline")
         self._making: deque[Future] = deque()  # items taken whose rows or samples are not made yet
