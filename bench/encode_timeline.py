@@ -3,7 +3,8 @@ bf16 weights, the machine's attention, cache off, PIL decoder) on N devices, wit
 one clock (ms from the call's start): each input's prepare (decode, hash) and rows in the pipeline's workers, when the
 encode's loop took each prepared input, each tower call's `Batch.finish` (waiting for its rows) and `encode_patches`
 in the dispatch thread, and when each call's outputs were ready on the device. Beside it, the same calls' rows
-given to `encode_patches` from the host with nothing else running (`tower_only`). Median of `--reps` requests; the
+given to `encode_patches` from the host with nothing else running (`tower_only`; on one device also from rows already
+on it, `tower_only_device_rows`). Median of `--reps` requests; the
 timeline is the median request's; with `--workers`, one timeline for each count of preprocessing threads, in turn.
 
     PYTHONPATH=.:bench python bench/encode_timeline.py --devices 1 --out bench/results
@@ -24,6 +25,7 @@ from bench_encode import jpegs, settled
 import vitjax
 import vitjax.encoder
 from vitjax import pipeline
+from vitjax.settings import BATCH_TOKENS
 
 
 def main() -> None:
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--batch-tokens", type=int, help="patches per call per device (default: encode's own)")
     ap.add_argument(
         "--workers", help="comma-separated preprocessing thread counts, repeats allowed (default: the pipeline's)"
     )
@@ -84,7 +87,7 @@ def main() -> None:
     pipeline.Pipeline.prepare = prepare
 
     def request():
-        out = enc.encode(data)
+        out = enc.encode(data, **({"batch_tokens": args.batch_tokens} if args.batch_tokens else {}))
         jax.block_until_ready([o.features for o in out])
         while waiters:  # each has noted its call before the next request's events begin
             waiters.pop().join()
@@ -100,21 +103,22 @@ def main() -> None:
     rng = np.random.default_rng(0)
     pixels = [rng.integers(0, 256, (n * 4800, 1536), np.uint8) for n in sizes]
 
-    def tower_only():
-        outs = [enc.encode_patches(p, np.array([grid] * (len(p) // 4800)), levels=True) for p in pixels]
+    def tower_only(calls):
+        outs = [enc.encode_patches(p, np.array([grid] * (len(p) // 4800)), levels=True) for p in calls]
         jax.block_until_ready(outs)
 
-    for _ in range(3):
-        tower_only()
-    times = []
-    for _ in range(args.reps):
-        start = time.perf_counter()
-        tower_only()
-        times.append((time.perf_counter() - start) * 1e3)
-    emit(
-        {"devices": args.devices, "label": "tower_only", "calls": sizes, "ms": float(np.median(times)), "ms_all": times}
-    )
-    print(f"tower only, calls of {sizes} inputs: {np.median(times):.1f} ms")
+    rows = {"host": pixels, "device": [jax.device_put(p, enc.parallel.engines[0].devices[0]) for p in pixels]}
+    for where in ("host", "device") if args.devices == 1 else ("host",):
+        for _ in range(3):
+            tower_only(rows[where])
+        times = []
+        for _ in range(args.reps):
+            start = time.perf_counter()
+            tower_only(rows[where])
+            times.append((time.perf_counter() - start) * 1e3)
+        label = "tower_only" if where == "host" else "tower_only_device_rows"
+        emit({"devices": args.devices, "label": label, "calls": sizes, "ms": float(np.median(times)), "ms_all": times})
+        print(f"{label}, calls of {sizes} inputs: {np.median(times):.1f} ms")
 
 
 def timeline_of(request, enc, events, t0, args, emit, workers: int | None) -> list[tuple]:
@@ -144,6 +148,7 @@ def timeline_of(request, enc, events, t0, args, emit, workers: int | None) -> li
             "devices": args.devices,
             "images": args.images,
             "workers": workers or pipeline.default_workers(),
+            "batch_tokens": args.batch_tokens or BATCH_TOKENS,
             "attention": enc.attention,
             "label": "encode",
             "ms": total * 1e3,
