@@ -35,7 +35,7 @@ from transformers.video_utils import VideoMetadata, load_video
 import vitjax
 import vitjax.settings
 import vitjax.video as video_module
-from vitjax import resize
+from vitjax import pipeline, resize
 from vitjax.cli import main as cli_main
 from vitjax.preprocess import LEVELS, TABLES, preprocess_image, preprocess_video, video_resized_size
 from vitjax.resize import resize_bicubic
@@ -751,17 +751,70 @@ def test_num_frames_beyond_max_frames_is_that_videos_error(enc, clip_file):
     assert grid.tolist() == [[400, 2, 2]] and len(rows) == 1600
 
 
-def test_a_video_that_fails_midway_leaves_its_batchmates_exact(enc, clip_file, tmp_path, monkeypatch):
+def damaged_png_clip(path: Path, frames: list[int]) -> Path:
+    """The panned 40-frame clip as PNG frames in a MOV (every frame a keyframe), with 64 bytes in the middle of each of
+    `frames`' compressed data overwritten: the container stays whole (prepared as usual) and FFmpeg's PNG decoder
+    refuses those frames, the same way every run, when they are decoded."""
+    write_clip(path, panned_clip(40), codec="png", pix_fmt="rgb24")
+    with av.open(str(path)) as container:
+        packets = [(p.pos, p.size) for p in container.demux(video=0) if p.size]
+    data = bytearray(path.read_bytes())
+    for k in frames:
+        middle = packets[k][0] + packets[k][1] // 2
+        data[middle : middle + 64] = bytes(range(64))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_only_the_sampled_frames_are_decoded_and_a_damaged_one_is_the_videos_error(tmp_path):
+    """HF samples frames 0, 10, 20, 29 and 39 of the clip (2 per second): a damaged frame between them is never decoded
+    (the reader seeks past it), so the rows are the clean clip's; a damaged sampled one fails its seek, then its decode
+    from the start, and is the video's error, naming the file."""
+    sampled = sample_indices(40, 15.0).tolist()
+    assert sampled == [0, 10, 20, 29, 39]
+    clean = preprocess_video(write_clip(tmp_path / "clean.mov", panned_clip(40), codec="png", pix_fmt="rgb24"))
+    rows, grid = preprocess_video(damaged_png_clip(tmp_path / "between.mov", [1, 5, 19, 30]))
+    assert grid.tolist() == clean[1].tolist() and np.array_equal(rows, clean[0])
+    for k in (10, 39):
+        bad = damaged_png_clip(tmp_path / f"frame{k}.mov", [k])
+        with pytest.raises(VideoInputError, match=rf"^{bad}: cannot decode video \(") as caught:
+            preprocess_video(bad)
+        assert isinstance(caught.value.__cause__, av.FFmpegError)
+
+
+def test_a_video_that_fails_midway_leaves_its_batchmates_exact(enc, tmp_path, monkeypatch):
     """A clip whose frames stop decoding after its rows were reserved: the rows it left unwritten (here NaN, as
     fresh host memory may be) must not reach the images beside it in the same tower call."""
-    data = clip_file.read_bytes()
-    holed = tmp_path / "holed.mp4"
-    holed.write_bytes(data[:2000] + bytes(3000) + data[5000:])
+    damaged = damaged_png_clip(tmp_path / "damaged.mov", [20])
+    fills = {}  # input -> its fill's error: the clip must fail while its rows are written, not before
+    fill_rows = pipeline._fill_rows
+
+    def recorded(item, rows):
+        fills[item.name] = fill_rows(item, rows)
+        return fills[item.name]
+
+    monkeypatch.setattr(pipeline, "_fill_rows", recorded)
+    calls = []  # each tower call's rows and grids, as sent
+    encode_patches = enc.encode_patches
+
+    def sent(pixels, grids, **kw):
+        calls.append((np.array(pixels), np.array(grids)))
+        return encode_patches(pixels, grids, **kw)
+
+    monkeypatch.setattr(enc, "encode_patches", sent)
     empty = np.empty
     monkeypatch.setattr(np, "empty", lambda *a, **k: np.full_like(empty(*a, **k), np.nan))
-    results = enc.encode([str(PHOTOS[0]), str(holed), str(PHOTOS[1])], max_pixels=MAX_PIXELS, errors="return")
+    results = enc.encode([str(PHOTOS[0]), str(damaged), str(PHOTOS[1])], max_pixels=MAX_PIXELS, errors="return")
     monkeypatch.undo()
+    assert {name: error is None for name, error in fills.items()} == {
+        str(PHOTOS[0]): True,
+        str(damaged): False,
+        str(PHOTOS[1]): True,
+    }
     assert isinstance(results[1], VideoInputError) and "cannot decode video" in results[1].reason
+    ((pixels, grids),) = calls  # one call: the clip between the photos, its rows zeros, nothing left unwritten
+    start, tokens = int(np.prod(grids[0])), int(np.prod(grids[1]))
+    assert grids[1][0] == 3 and np.isfinite(pixels).all() and not pixels[start : start + tokens].any()
     for photo, got in zip(PHOTOS[:2], (results[0], results[2]), strict=True):
         (alone,) = enc.encode([str(photo)], max_pixels=MAX_PIXELS)
         np.testing.assert_allclose(np.asarray(got.features), np.asarray(alone.features), rtol=1e-5, atol=1e-5)
