@@ -263,13 +263,14 @@ def main() -> None:
         for decoder, batch_tokens, interval, workers, path in runs:
             sys.setswitchinterval(default_interval if interval is None else interval / 1e3)
             parts = path.split("+")
-            vitjax.encoder.Pipeline = functools.partial(pipeline_kind(parts), workers=workers)
+            vitjax.encoder.Pipeline = pipeline_kind(parts)
             enc._dispatch = inline_dispatch(enc) if "inline_dispatch" in parts else shipped_dispatch
             enc._row_dtype = np.dtype(ml_dtypes.bfloat16) if "bf16_rows" in parts else shipped_rows
             pixels_copied("asarray" in parts)
 
-            def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder):
-                out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder)  # default pixel bounds, as HF's
+            def vj_end_to_end(enc=enc, batch_tokens=batch_tokens, decoder=decoder, workers=workers):
+                # default pixel bounds, as HF's
+                out = enc.encode(data, batch_tokens=batch_tokens, decoder=decoder, workers=workers)
                 jax.block_until_ready([o.features for o in out])
 
             settled(vj_end_to_end, enc)

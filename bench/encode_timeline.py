@@ -86,17 +86,15 @@ def main() -> None:
 
     pipeline.Pipeline.prepare = prepare
 
-    def request():
-        out = enc.encode(data, **({"batch_tokens": args.batch_tokens} if args.batch_tokens else {}))
+    def request(workers: int | None = None):
+        out = enc.encode(data, batch_tokens=args.batch_tokens, workers=workers)
         jax.block_until_ready([o.features for o in out])
         while waiters:  # each has noted its call before the next request's events begin
             waiters.pop().join()
 
     calls = []
     for workers in [int(w) for w in args.workers.split(",")] if args.workers else [None]:
-        vitjax.encoder.Pipeline = functools.partial(pipeline.Pipeline, workers=workers)
-        calls = timeline_of(request, enc, events, t0, args, emit, workers)
-    vitjax.encoder.Pipeline = pipeline.Pipeline
+        calls = timeline_of(functools.partial(request, workers), enc, events, t0, args, emit, workers)
     # The same calls' rows from the host with nothing else running: what the tower takes for them.
     sizes = [int(c[0].split()[0]) for c in calls if "rows" not in c[0]]
     grid = (1, 60, 80)  # a 960x1280 photo's patches: every input of this workload

@@ -82,6 +82,7 @@ def test_version_and_help(capsys):
             "raise --pixel-limit deliberately to allow larger images",
         ),
         (["--batch-tokens", "0"], "--batch-tokens 0: must be at least 1 (patches per call)"),
+        (["--workers", "0"], "--workers 0: must be an integer from 1 to 256 (threads)"),
         (["--fps", "0"], "--fps 0.0: must be a positive number of frames per second"),
         (["--fps", "1", "--num-frames", "4"], "--num-frames 4: excludes --fps 1.0; give one of them"),
         (["--num-frames", "1"], "--num-frames 1: must be an integer from 2 (one temporal patch) to 768"),

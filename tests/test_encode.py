@@ -349,6 +349,26 @@ def test_the_pipeline_takes_a_thread_a_core_up_to_16(enc, monkeypatch, cores, wo
         assert pipe._pool._max_workers == workers and pipe.window == window
 
 
+def test_encode_takes_the_threads_it_is_given(enc, monkeypatch):
+    """`workers` sets the preprocessing threads of that request (and only its); the embeddings do not depend on them."""
+    pools = []
+
+    class Recorded(Pipeline):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append(self._pool._max_workers)
+
+    monkeypatch.setattr(vitjax.encoder, "Pipeline", Recorded)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    inputs = [str(p) for p in PHOTOS]
+    one = enc.encode(inputs, max_pixels=MAX_PIXELS, workers=1)
+    enc.cache.clear()  # encoded again, not found
+    default = enc.encode(inputs, max_pixels=MAX_PIXELS)
+    assert pools == [1, 16] and enc.cache.stats.hits == 0
+    for a, b in zip(one, default, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.features), np.asarray(b.features))
+
+
 def test_an_image_another_thread_is_encoding_is_waited_for(enc):
     """In-flight deduplication: while one caller holds the claim on an image, another encode of it waits for
     that caller's result instead of computing it again."""

@@ -163,6 +163,7 @@ def _settings(args: argparse.Namespace, cfg: VisionConfig) -> EncodeSettings:
         fps=args.fps,
         num_frames=args.num_frames,
         image_processor_backend=args.image_processor_backend,
+        workers=args.workers,
     )
     try:
         return settings.checked(cfg)
@@ -435,6 +436,7 @@ def _run_encoder(
         fps=settings.fps,
         num_frames=settings.num_frames,
         image_processor_backend=settings.image_processor_backend,
+        workers=settings.workers,
     )
     videos = any(is_video_path(source) for source in sources)
     tokens = settings.largest_patches(cfg, videos, settings.num_frames or MAX_FRAMES) // cfg.merge_unit
@@ -526,6 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-tokens",
         type=int,
         help=f"patches per tower call; a larger image or video is a call of its own (default: {BATCH_TOKENS})",
+    )
+    enc.add_argument(
+        "--workers",
+        type=int,
+        help="threads that decode and preprocess the inputs (default: one a core, up to 16)",
     )
     enc.add_argument(
         "--devices",

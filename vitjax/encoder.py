@@ -278,6 +278,7 @@ class Encoder:
         fps: float | None = None,
         num_frames: int | None = None,
         image_processor_backend: str = "pil",
+        workers: int | None = None,
     ) -> list[Encoded | ImageInputError]:
         """Images (paths, directories, bytes, data URIs, PIL images, uint8 arrays) and videos -> one `Encoded` each,
         in order.
@@ -303,7 +304,7 @@ class Encoder:
         result's `decoder` says which one made its pixels. Images get the rows of HF's image processor of
         `image_processor_backend`: "pil" (`Qwen2VLImageProcessorPil`, the default) or "torchvision"
         (`Qwen2VLImageProcessor`: what `AutoProcessor` in transformers 5 builds, run on the CPU); cache
-        keys include it.
+        keys include it. `workers` threads decode and preprocess (default: one a core, up to 16).
         """
         video = {"video_min_pixels": video_min_pixels, "video_max_pixels": video_max_pixels}
         sampling = {"fps": fps, "num_frames": num_frames}
@@ -318,12 +319,13 @@ class Encoder:
             **video,
             **sampling,
             image_processor_backend=image_processor_backend,
+            workers=workers,
         )
         settings = checked.checked(self.cfg)
         rows = self._dali_rows() if self.resolve_decoder(decoder) == "dali" else None
         items = expand_inputs(images)
         options = {"min_pixels": min_pixels, "max_pixels": max_pixels, "pixel_dtype": self._row_dtype, "dali": rows}
-        options.update(video, **sampling, image_processor_backend=image_processor_backend)
+        options.update(video, **sampling, image_processor_backend=image_processor_backend, workers=workers)
         budget = settings.batch_tokens * len(self.parallel.engines)
         outcome: list[Item | ImageInputError] = []  # per input: its item (without pixels), or its error
         found: dict[tuple, Future | tuple[layout.Grid, jax.Array] | ImageInputError | None] = {}  # by cache key

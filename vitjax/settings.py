@@ -34,6 +34,9 @@ BATCH_TOKENS = 65536
 # longest_edge. Host memory per image in flight and the device memory of its call grow with it.
 PIXEL_LIMIT = MAX_PIXELS
 ERRORS = ("raise", "return")
+# The most preprocessing threads a request may ask for (each holds up to two decoded inputs; past 16 they gained
+# nothing on a 64-core host, bench/NOTES.md).
+MAX_WORKERS = 256
 
 
 class SettingError(ValueError):
@@ -53,7 +56,8 @@ class EncodeSettings:
     `video_min_pixels` / `video_max_pixels` bound a video's pixels (HF's video `size`); `fps` or `num_frames`
     sample video files given as paths (default: 2 frames per second). `image_processor_backend` names the HF image
     processor whose rows images get: "pil" (`Qwen2VLImageProcessorPil`) or "torchvision" (`Qwen2VLImageProcessor`,
-    which `AutoProcessor` builds by default)."""
+    which `AutoProcessor` builds by default). `workers` is the number of threads that decode and preprocess (None:
+    one a core, up to 16: `pipeline.default_workers`)."""
 
     min_pixels: int = MIN_PIXELS
     max_pixels: int = MAX_PIXELS
@@ -67,6 +71,7 @@ class EncodeSettings:
     fps: float | None = None
     num_frames: int | None = None
     image_processor_backend: str = "pil"
+    workers: int | None = None
 
     def checked(self, cfg: VisionConfig) -> EncodeSettings:
         """These settings validated against the tower's patch geometry, with `batch_tokens` resolved."""
@@ -104,6 +109,8 @@ class EncodeSettings:
             raise SettingError("num_frames", self.num_frames, accepted)
         if self.fps is not None and self.num_frames is not None:
             raise SettingError("num_frames", self.num_frames, f"excludes fps={self.fps}; give one of them")
+        if self.workers is not None and not (is_int(self.workers) and 1 <= self.workers <= MAX_WORKERS):
+            raise SettingError("workers", self.workers, f"must be an integer from 1 to {MAX_WORKERS} (threads)")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise SettingError("batch_tokens", self.batch_tokens, "must be at least 1 (patches per call)")
         if self.errors not in ERRORS:
