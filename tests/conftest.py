@@ -26,6 +26,7 @@ from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionCon
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 import vitjax
+import vitjax.notices
 
 # One XLA compilation cache for the run, in a temporary folder removed at its end (none is left in the user's home):
 # made by the first process that loads this file (pytest's controller under xdist) and inherited by the workers and
@@ -156,6 +157,12 @@ def assert_close_to_scale(got: np.ndarray, ref: np.ndarray, rel: float = 1e-5) -
     assert got.shape == ref.shape, (got.shape, ref.shape)
     err, scale = float(np.abs(got - ref).max()), float(np.abs(ref).max())
     assert scale > 0 and err <= rel * scale, f"max abs error {err:.3g} > {rel:g} x output scale {scale:.3g}"
+
+
+@pytest.fixture(autouse=True)
+def no_notices_seen():
+    """Each test sees the notices it causes logged, whatever earlier tests in its process logged."""
+    vitjax.notices.forget()
 
 
 @pytest.fixture(scope="session", params=sorted(TINY))

@@ -82,7 +82,7 @@ def test_version_and_help(capsys):
             "raise --pixel-limit deliberately to allow larger images",
         ),
         (["--batch-tokens", "0"], "--batch-tokens 0: must be at least 1 (patches per call)"),
-        (["--workers", "0"], "--workers 0: must be an integer from 1 to 256 (threads)"),
+        (["--workers", "0"], "--workers 0: must be an integer from 1 to 64 (threads)"),
         (["--fps", "0"], "--fps 0.0: must be a positive number of frames per second"),
         (["--fps", "1", "--num-frames", "4"], "--num-frames 4: excludes --fps 1.0; give one of them"),
         (["--num-frames", "1"], "--num-frames 1: must be an integer from 2 (one temporal patch) to 768"),
@@ -239,6 +239,21 @@ def test_long_output_name_is_written(checkpoint, tmp_path, capsys):
     )
     assert code == 0 and "wrote 1 of 1 images" in err
     assert set(load_file(out)) == {"0.embeds", "0.deepstack"} and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_workers_are_the_runs_preprocessing_threads(checkpoint, tmp_path, capsys, monkeypatch):
+    pools = []
+
+    class Recorded(vitjax.encoder.Pipeline):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append(self._pool._max_workers)
+
+    monkeypatch.setattr(vitjax.encoder, "Pipeline", Recorded)
+    out = tmp_path / "e.safetensors"
+    args = [str(p) for p in PHOTOS] + ["--model", str(checkpoint), "--max-pixels", str(MAX_PIXELS), "-o", str(out)]
+    code, _, err = run(capsys, *args, "--workers", "3")
+    assert code == 0 and f"wrote {len(PHOTOS)} of {len(PHOTOS)} images" in err and pools and set(pools) == {3}
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import warnings
 
 import jax
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitjax import row_views
+from vitjax.notices import notice_once
 from vitjax.row_views import row_view
 
 
@@ -60,3 +62,20 @@ def test_a_refused_view_is_sliced_with_one_notice_even_under_warnings_as_errors(
     assert [r.getMessage() for r in caplog.records] == [
         "zero-copy row views unavailable (DLPack refused here); slicing per image size instead"
     ]
+
+
+def test_a_notice_met_by_many_threads_at_once_is_logged_once(caplog):
+    """Row views are made on several engines' threads: a refusal they meet together is one log record."""
+    start = threading.Barrier(8)
+
+    def meet():
+        start.wait()
+        notice_once("vitjax.row_views", "the same refusal")
+
+    with caplog.at_level(logging.WARNING, "vitjax.row_views"):
+        threads = [threading.Thread(target=meet) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [r.getMessage() for r in caplog.records] == ["the same refusal"]

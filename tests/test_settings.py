@@ -55,10 +55,10 @@ def untouched():
         ({"num_frames": 0}, "num_frames", "must be an integer from 2 (one temporal patch) to 768 (HF's max_frames)"),
         ({"num_frames": 1}, "num_frames", "must be an integer from 2 (one temporal patch)"),  # would fail every video
         ({"num_frames": 10**9}, "num_frames", "must be an integer from 2 (one temporal patch) to 768"),
-        ({"workers": 0}, "workers", "must be an integer from 1 to 256 (threads)"),
-        ({"workers": 257}, "workers", "must be an integer from 1 to 256 (threads)"),
-        ({"workers": 4.0}, "workers", "must be an integer from 1 to 256 (threads)"),
-        ({"workers": True}, "workers", "must be an integer from 1 to 256 (threads)"),
+        ({"workers": 0}, "workers", "must be an integer from 1 to 64 (threads)"),
+        ({"workers": 65}, "workers", "must be an integer from 1 to 64 (threads)"),
+        ({"workers": 4.0}, "workers", "must be an integer from 1 to 64 (threads)"),
+        ({"workers": True}, "workers", "must be an integer from 1 to 64 (threads)"),
     ],
 )
 def test_bad_settings_are_refused_before_any_input_is_read(enc, settings, name, fragment):

@@ -3,11 +3,28 @@ exception that fails the request it was meant to spare; each distinct one once, 
 
 from __future__ import annotations
 
-import functools
+import collections
 import logging
+import threading
+
+REMEMBERED = 256  # distinct notices kept, the oldest forgotten first (a notice may name a path or an error)
+_seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=256)
 def notice_once(logger: str, message: str) -> None:
-    """Log `message` as a warning of `logger` the first time this pair is seen (the last 256 remembered)."""
+    """Log `message` as a warning of `logger` the first time this pair is seen, once however many threads meet it at
+    the same time (the last `REMEMBERED` pairs are remembered)."""
+    with _lock:
+        if (logger, message) in _seen:
+            return
+        _seen[logger, message] = None
+        while len(_seen) > REMEMBERED:
+            _seen.popitem(last=False)
     logging.getLogger(logger).warning(message)
+
+
+def forget() -> None:
+    """Every notice may be logged again (each test starts with none seen)."""
+    with _lock:
+        _seen.clear()

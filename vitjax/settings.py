@@ -34,9 +34,10 @@ BATCH_TOKENS = 65536
 # longest_edge. Host memory per image in flight and the device memory of its call grow with it.
 PIXEL_LIMIT = MAX_PIXELS
 ERRORS = ("raise", "return")
-# The most preprocessing threads a request may ask for (each holds up to two decoded inputs; past 16 they gained
-# nothing on a 64-core host, bench/NOTES.md).
-MAX_WORKERS = 256
+# The most preprocessing threads a request may ask for: each may hold up to four decoded inputs (the pipeline's window
+# is twice its threads, and twice the window may be decoded at once), and past 16 they gained nothing on a 64-core
+# host (bench/NOTES.md).
+MAX_WORKERS = 64
 
 
 class SettingError(ValueError):
