@@ -289,7 +289,8 @@ def test_a_trace_that_cannot_be_written_costs_only_the_trace(tiny, tmp_path, mon
         for _ in range(2):
             assert torch.equal(tower(pixels, grids), expected)
     ((record,),) = [caplog.records]  # once, as a warning would be
-    assert re.fullmatch(r"VITJAX_TRACE='.*gone/trace.jsonl': not written \(No such file.*\)", record.getMessage())
+    pattern = r"vitjax: VITJAX_TRACE='.*gone/trace.jsonl': not written \(No such file.*\)"
+    assert re.fullmatch(pattern, record.getMessage())
 
 
 def test_dlpack_shares_memory_both_ways():

@@ -189,8 +189,8 @@ def test_fitted_buckets_are_bounded_and_failures_stay_on_the_ladder(monkeypatch,
         warnings.simplefilter("error")  # `-W error`: the failure is logged, and the call that finds it still runs
         assert _bucket_rows(engine, z, third) == [256]
     assert [r.getMessage() for r in caplog.records] == [
-        "no fitted bucket Bucket(tokens=160, segments=1) (out of memory while autotuning); its calls stay in their "
-        "ladder bucket"
+        "vitjax: no fitted bucket Bucket(tokens=160, segments=1) (out of memory while autotuning); its calls stay in "
+        "their ladder bucket"
     ]
     for _ in range(3):
         _close(enc.encode_patches(z, np.array(third))[0], expected)

@@ -60,7 +60,7 @@ def test_a_refused_view_is_sliced_with_one_notice_even_under_warnings_as_errors(
     for view, (start, rows) in zip(views, [(8, 20), (8, 20), (0, 3)], strict=True):
         np.testing.assert_array_equal(view, np.asarray(x)[start : start + rows])
     assert [r.getMessage() for r in caplog.records] == [
-        "zero-copy row views unavailable (DLPack refused here); slicing per image size instead"
+        "vitjax: zero-copy row views unavailable (DLPack refused here); slicing per image size instead"
     ]
 
 
@@ -78,4 +78,4 @@ def test_a_notice_met_by_many_threads_at_once_is_logged_once(caplog):
             t.start()
         for t in threads:
             t.join()
-    assert [r.getMessage() for r in caplog.records] == ["the same refusal"]
+    assert [r.getMessage() for r in caplog.records] == ["vitjax: the same refusal"]

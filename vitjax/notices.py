@@ -1,5 +1,6 @@
 """Notices raised while a call is served: logged, never `warnings.warn`, whose `-W error` turns a notice into an
-exception that fails the request it was meant to spare; each distinct one once, as a warning would be."""
+exception that fails the request it was meant to spare; each distinct one once, as a warning would be, and marked
+"vitjax:" (Python's fallback handler and SGLang's log format show the message without the logger's name)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def notice_once(logger: str, message: str) -> None:
         _seen[logger, message] = None
         while len(_seen) > REMEMBERED:
             _seen.popitem(last=False)
-    logging.getLogger(logger).warning(message)
+    logging.getLogger(logger).warning("vitjax: %s", message)
 
 
 def forget() -> None:
