@@ -344,7 +344,7 @@ def test_prepare_runs_a_bounded_window_ahead(enc):
 def test_the_pipeline_takes_a_thread_a_core_up_to_16(enc, monkeypatch, cores, workers, window):
     """Without `workers`, one preprocessing thread a core the process may run on, at most 16 (16 beat 8 end to end on
     H200 hosts, and 32 did not beat 16); the read-ahead window is twice that."""
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 128)  # the host's: not what the process is given
     with Pipeline(enc.cfg, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=np.float32) as pipe:
         assert pipe._pool._max_workers == workers and pipe.window == window
@@ -352,7 +352,7 @@ def test_the_pipeline_takes_a_thread_a_core_up_to_16(enc, monkeypatch, cores, wo
 
 @pytest.mark.parametrize(("cores", "workers"), [(64, 16), (3, 3), (None, 1)])
 def test_without_an_affinity_the_pipeline_counts_the_hosts_cores(monkeypatch, cores, workers):
-    monkeypatch.delattr("os.sched_getaffinity")
+    monkeypatch.delattr("os.sched_getaffinity", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: cores)
     assert default_workers() == workers
 
@@ -367,7 +367,7 @@ def test_encode_takes_the_threads_it_is_given(enc, monkeypatch):
             pools.append(self._pool._max_workers)
 
     monkeypatch.setattr(vitjax.encoder, "Pipeline", Recorded)
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)), raising=False)
     inputs = [str(p) for p in PHOTOS]
     one = enc.encode(inputs, max_pixels=MAX_PIXELS, workers=1)
     enc.cache.clear()  # encoded again, not found
