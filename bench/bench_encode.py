@@ -33,7 +33,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_image_processor import hf_processor  # noqa: E402
-from bench_vit import PRESET, flops, median_time, results_file, versions  # noqa: E402
+from bench_vit import PRESET, flops, jpegs, median_time, results_file, versions  # noqa: E402
 
 import vitjax  # noqa: E402
 import vitjax.cache  # noqa: E402
@@ -43,21 +43,6 @@ from vitjax.engine import FIT_AFTER  # noqa: E402
 from vitjax.pipeline import Pipeline, default_workers  # noqa: E402
 from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
 from vitjax.resize import resize_bicubic  # noqa: E402
-
-PHOTOS = Path(__file__).resolve().parents[1] / "tests" / "data" / "images"
-
-
-def jpegs(count: int = 20, size: tuple[int, int] = (960, 1280)) -> list[bytes]:
-    """`count` distinct JPEGs of width x height, each a different crop of a shipped photograph."""
-    photos = [Image.open(p).convert("RGB") for p in sorted(PHOTOS.glob("*.[jp][pn]g"))]
-    out = []
-    for k in range(count):
-        img = photos[k % len(photos)].resize((size[0] + 40, size[1] + 40), Image.BICUBIC)
-        img = img.crop((k, 2 * k % 40, k + size[0], 2 * k % 40 + size[1]))
-        buf = io.BytesIO()
-        img.save(buf, "JPEG", quality=90)
-        out.append(buf.getvalue())
-    return out
 
 
 def inline_dispatch(enc: vitjax.Encoder):

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import datetime
 import gzip
+import io
 import itertools
 import json
 import os
@@ -46,6 +47,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
+from PIL import Image  # noqa: E402
 
 import vitjax  # noqa: E402
 from vitjax import layout  # noqa: E402
@@ -55,12 +57,15 @@ from vitjax.engine import COMPILER_OPTIONS, FIT_AFTER  # noqa: E402
 from vitjax.fa4 import FA4_TILES, Fa4Tile, set_fa4_tile  # noqa: E402
 from vitjax.model import TowerInputs, VisionTower, rotary_tables  # noqa: E402
 from vitjax.parallel import DataParallel, group_rows, split_balanced  # noqa: E402
+from vitjax.preprocess import LEVELS, preprocess_image  # noqa: E402
 from vitjax.row_views import row_view  # noqa: E402
 
 PRESET = "qwen3-vl-8b"
 RESOLUTIONS = {"720p": (1, 44, 80), "1080p": (1, 68, 120), "2k": (1, 90, 160), "960x1280": (1, 80, 60)}
 MAIN = [("1x720p", 1, "720p"), ("8x1080p", 8, "1080p"), ("20x960x1280", 20, "960x1280")]
 MAIN_NAMES = frozenset(name for name, _, _ in MAIN)  # the workloads that get per-op, per-part and sustained rows
+PHOTOS = Path(__file__).resolve().parents[1] / "tests" / "data" / "images"
+PIXELS = ("noise", "photos")  # what `pixel_pools` makes
 # Videos at HF's Qwen3-VL defaults (2 frames a second, ~137k pixels a frame): clips of 60 s to 257 s, as many
 # temporal slices of 16x30 patches, each slice its own attention segment (`vitjax.preprocess.video_resized_size`).
 # The 65, 129 and 257 s clips sit just past a rung of the segment ladder (one slice a second).
@@ -394,6 +399,35 @@ def results_file(out_dir: Path | str, meta: dict) -> Path:
 # ----------------------------------------------------------------------------------------------- HF
 
 
+def jpegs(count: int = 20, size: tuple[int, int] = (960, 1280)) -> list[bytes]:
+    """`count` distinct JPEGs of width x height, each a different crop of a shipped photograph."""
+    photos = [Image.open(p).convert("RGB") for p in sorted(PHOTOS.glob("*.[jp][pn]g"))]
+    out = []
+    for k in range(count):
+        img = photos[k % len(photos)].resize((size[0] + 40, size[1] + 40), Image.BICUBIC)
+        img = img.crop((k, 2 * k % 40, k + size[0], 2 * k % 40 + size[1]))
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def pixel_pools(kind: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """`rows` pixel rows as HF's processor gives them (float32) and as `encode` sends them (uint8 levels).
+    "noise": random rows (normal values, uniform levels). "photos": the rows of `jpegs()`'s 20 photos (exactly the
+    20 x 960x1280 workload's input; other workloads take them in order, repeated): at the board's power limit the
+    energy of a call, so its time, depends on the data, and users send photos."""
+    if kind == "noise":
+        values = np.random.default_rng(0).standard_normal((rows, 1536), dtype=np.float32)
+        return values, np.random.default_rng(0).integers(0, 256, values.shape, np.uint8)
+    values, levels = [], []
+    for data in jpegs():
+        photo, _ = preprocess_image(data)
+        values.append(photo)
+        levels.append(preprocess_image(data, out=np.empty(photo.shape, LEVELS))[0])
+    return tuple(np.resize(np.concatenate(parts), (rows, 1536)) for parts in (values, levels))
+
+
 def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit, sustain: float = 0.0) -> None:
     """HF's tower on the workloads, its input already on the GPU; `sustain` as `run_vitjax`'s."""
     import torch
@@ -669,7 +703,7 @@ print("WARM " + json.dumps({{"import_s": t_import, "load_s": t_load, "ready_s": 
 
 def latest(rows: list[dict]) -> list[dict]:
     """The last row of each (impl, attention, call cap, token ladder, fit granule, segment ladder, tap write, rows,
-    devices, workload): a later run of the same day supersedes an earlier one."""
+    pixels, devices, workload): a later run of the same day supersedes an earlier one."""
     keys = {
         (
             r.get("impl"),
@@ -680,6 +714,7 @@ def latest(rows: list[dict]) -> list[dict]:
             str(r.get("segments_ladder")),
             r.get("path") or r.get("taps"),
             r.get("rows"),
+            r.get("pixels"),
             _gpus(r),
             r.get("workload"),
         ): r
@@ -697,7 +732,7 @@ def _gpus(row: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     rows = latest(rows)
-    hf = {r["workload"]: r for r in rows if r.get("impl") == "hf"}
+    hf = {(r["workload"], r.get("pixels")): r for r in rows if r.get("impl") == "hf"}
     lines = [
         f"{'workload':<16}{'patches':>8}{'HF ms':>10}{'TF/s':>7}{'GPUs':>7}{'attention':>26}{'vitjax ms':>11}"
         f"{'TF/s':>7}{'dev ms':>9}{'x HF':>7}{'dev x HF':>9}"
@@ -705,7 +740,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         if r.get("impl") != "vitjax":
             continue
-        h = hf.get(r["workload"], {})
+        h = hf.get((r["workload"], r.get("pixels")), {})
         ratio = f"{r['ms'] / h['ms']:.2f}" if h else "-"
         dev_ratio = f"{r['ms_device_only'] / h['ms']:.3f}" if h and "ms_device_only" in r else "-"
         hf_ms, hf_tf = h.get("ms", float("nan")), h.get("tflops", float("nan"))
@@ -715,6 +750,7 @@ def table(rows: list[dict]) -> str:
         label += f" s<={r['segments_ladder'][-1]}" if r.get("segments_ladder") else ""
         label += f" {r.get('path') or r['taps']}" if r.get("path") or r.get("taps") else ""
         label += " levels" if r.get("rows") == "levels" else ""
+        label += f" {r['pixels']}" if r.get("pixels") else ""
         lines.append(
             f"{r['workload']:<16}{r['patches']:>8}{hf_ms:>10.1f}{hf_tf:>7.0f}{_gpus(r):>7}{label:>26}"
             f"{r['ms']:>11.1f}{r['tflops']:>7.0f}{r.get('ms_device_only', float('nan')):>9.1f}{ratio:>7}"
@@ -769,6 +805,12 @@ def main() -> None:
         choices=("float32", "levels"),
         default="float32",
         help="vitjax's pixel rows: float32 values as HF's processor gives them, or uint8 levels as `encode` sends them",
+    )
+    ap.add_argument(
+        "--pixels",
+        default="noise",
+        help=f"the pixel rows, comma-separated, repeats allowed (HF runs once per kind): {', '.join(PIXELS)} "
+        "(photos: the 20 960x1280 photos of bench_encode; rows carry any but noise)",
     )
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
@@ -854,13 +896,21 @@ def main() -> None:
             raise SystemExit(f"--workloads: no workload {sorted(unknown)} among {[name for name, _ in items]}")
         items = [(name, grids) for name, grids in items if name in wanted]
     most = max(sum(t * h * w for t, h, w in g) for _, g in items)
-    pool = np.random.default_rng(0).standard_normal((most, 1536), dtype=np.float32)
+    kinds = args.pixels.split(",")
+    if unknown := set(kinds) - set(PIXELS):
+        raise SystemExit(f"--pixels: no kind {sorted(unknown)} among {list(PIXELS)}")
+    pools = {kind: pixel_pools(kind, most) for kind in dict.fromkeys(kinds)}
+    levels = args.rows == "levels"
+
+    def pixels_emit(kind: str, emit):
+        return emit if kind == "noise" else lambda row: emit({**row, "pixels": kind})
+
     work = Path(tempfile.mkdtemp(prefix="vitjax-bench-"))
     os.environ["VITJAX_CACHE_DIR"] = str(work / "xla-cache")
     weights = work / "weights"
-    run_hf(cfg, weights, [] if args.no_hf else items, pool, emit, args.sustain)  # the weights come from the HF model
-    levels = args.rows == "levels"
-    vj_pool = np.random.default_rng(0).integers(0, 256, pool.shape, np.uint8) if levels else pool
+    for n, kind in enumerate(pools):  # the weights come from the HF model (seeded: the same each time)
+        if n == 0 or not args.no_hf:
+            run_hf(cfg, weights, [] if args.no_hf else items, pools[kind][0], pixels_emit(kind, emit), args.sustain)
     infos = {}
     ladders = [tuple(map(int, v.split(","))) for v in args.segment_ladders.split(";")] if args.segment_ladders else []
     token_ladders = args.token_ladders.split(";") if args.token_ladders else [""]
@@ -880,18 +930,20 @@ def main() -> None:
                 changes["segments"], marks["segments_ladder"] = ladder, list(ladder)
             run_policy = dataclasses.replace(base, **changes) if changes else policy
             run_emit = (lambda row, marks=marks: emit({**row, **marks})) if marks else emit
-            for impl, cap, path in itertools.product(
+            for kind, impl, cap, path in itertools.product(
+                kinds,
                 args.attention.split(",") if args.attention else [None],
                 map(int, args.max_call_tokens.split(",")),
                 args.paths.split(","),
             ):
-                path_emit = run_emit if path == "shipped" else lambda row, e=run_emit, p=path: e({**row, "path": p})
+                path_emit = pixels_emit(kind, run_emit)
+                path_emit = path_emit if path == "shipped" else lambda row, e=path_emit, p=path: e({**row, "path": p})
                 with code_path(path):
                     infos[spec] = run_vitjax(
                         cfg,
                         weights,
                         items,
-                        vj_pool,
+                        pools[kind][levels],
                         path_emit,
                         not args.no_parts,
                         run_policy,
