@@ -2,7 +2,8 @@
 
 The HF tower is built from the 8B vision config with random init in bf16 on the GPU; its weights go
 through `save_pretrained` and vitjax's own loader (`Encoder.from_pretrained`: `vitjax.weights` ->
-`Encoder.from_params`), so both run identical weights on identical random pixel rows. HF is timed on
+`Encoder.from_params`), so both run identical weights on identical pixel rows: random ones, or with --pixels photos
+the rows of 20 photographs (at the power limit a call's time depends on its data). HF is timed on
 its tower forward alone (inputs already on the GPU, `torch.cuda.synchronize` around it); vitjax on the
 full `encode_patches` call (host layout, host-to-device copy of the fp32 pixel rows, tower; the outputs stay
 on the GPU, as HF's do), and also on the device-only tower call (`Engine.run` on device-resident pixels, its
@@ -396,9 +397,6 @@ def results_file(out_dir: Path | str, meta: dict) -> Path:
     return Path(out_dir) / f"{meta['device'].lower().replace('nvidia ', '').split()[0]}-{meta['date']}.jsonl"
 
 
-# ----------------------------------------------------------------------------------------------- HF
-
-
 def jpegs(count: int = 20, size: tuple[int, int] = (960, 1280)) -> list[bytes]:
     """`count` distinct JPEGs of width x height, each a different crop of a shipped photograph."""
     photos = [Image.open(p).convert("RGB") for p in sorted(PHOTOS.glob("*.[jp][pn]g"))]
@@ -426,6 +424,9 @@ def pixel_pools(kind: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
         values.append(photo)
         levels.append(preprocess_image(data, out=np.empty(photo.shape, LEVELS))[0])
     return tuple(np.resize(np.concatenate(parts), (rows, 1536)) for parts in (values, levels))
+
+
+# ----------------------------------------------------------------------------------------------- HF
 
 
 def run_hf(cfg: vitjax.VisionConfig, weights_dir: Path, items, pool: np.ndarray, emit, sustain: float = 0.0) -> None:
@@ -810,7 +811,7 @@ def main() -> None:
         "--pixels",
         default="noise",
         help=f"the pixel rows, comma-separated, repeats allowed (HF runs once per kind): {', '.join(PIXELS)} "
-        "(photos: the 20 960x1280 photos of bench_encode; rows carry any but noise)",
+        "(photos: the rows of the 20 960x1280 JPEGs bench_encode times; rows carry any but noise)",
     )
     ap.add_argument("--no-parts", action="store_true")
     ap.add_argument("--no-warm-start", action="store_true")
@@ -943,7 +944,7 @@ def main() -> None:
                         cfg,
                         weights,
                         items,
-                        pools[kind][levels],
+                        pools[kind][1 if levels else 0],
                         path_emit,
                         not args.no_parts,
                         run_policy,
