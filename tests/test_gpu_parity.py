@@ -123,12 +123,14 @@ def test_tower_matches_hf(towers):
 
 
 def test_photos_match_hf(towers, tmp_path):
-    """Photographs from their files, as `encode` takes them (vitjax's preprocessing, the rows sent as uint8 levels
+    """Photographs from their files, as `encode` takes them (vitjax's PIL preprocessing, the rows sent as uint8 levels
     and mapped on the device), against HF's image processor and its fp32 tower: real images, where the other tests
     feed noise. Two requests: the shipped photographs at their own sizes in one call, and one of them at 1920x1080
     alone, a bucket where fa4 takes its fixed shift."""
     from conftest import PHOTOS, make_hf
     from PIL import Image
+
+    from vitjax.buckets import BucketPolicy
 
     cfg, hf, hf32, encoders = towers
     large = tmp_path / "photo-1080p.png"
@@ -138,14 +140,20 @@ def test_photos_match_hf(towers, tmp_path):
         grids = [tuple(map(int, g)) for g in inputs["image_grid_thw"]]
         pixels = inputs["pixel_values"]
         ref, hf_bf16 = _hf(hf32, pixels, torch.float32, grids), _hf(hf, pixels, torch.bfloat16, grids)
-        for impl, enc in encoders.items():
-            outs = enc.encode([str(p) for p in request])
-            for (start, rows), grid, out in zip(layout.split_points(grids), grids, outs, strict=True):
+        outs = {impl: enc.encode([str(p) for p in request], decoder="pil") for impl, enc in encoders.items()}
+        for impl, per_input in outs.items():
+            for (start, rows), grid, out in zip(layout.split_points(grids), grids, per_input, strict=True):
                 assert out.grid_thw == grid, (impl, out.name, out.grid_thw, grid)
                 _, hf_mae = _cos_mae(hf_bf16[start : start + rows], ref[start : start + rows])
                 cos, mae = _cos_mae(np.asarray(out.features, np.float32), ref[start : start + rows])
                 print(f"{out.name} {grid} {impl:>13}: cos {cos:.6f} mae {mae:.3e} | HF bf16 vs fp32 mae {hf_mae:.3e}")
                 assert cos > 0.995 and mae <= 1.5 * hf_mae, (impl, out.name, cos, mae, hf_mae)
+            for a, b in zip(per_input, outs[next(iter(outs))], strict=True):
+                cos, _ = _cos_mae(np.asarray(a.features, np.float32), np.asarray(b.features, np.float32))
+                assert cos > 0.999, (impl, a.name, cos)
+    if "fa4" in encoders and (tile := fa4.FA4_TILES.get(72)) is not None and tile.fixed_shift:
+        [(bucket, _)] = BucketPolicy().plan(grids)  # the 1080p photo's call
+        assert fa4.fa4_call_tile(72, bucket.tokens, bucket.segments).fixed_shift, bucket
 
 
 def test_float32_and_float16_towers_match_hf(towers, monkeypatch):
