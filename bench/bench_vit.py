@@ -773,7 +773,10 @@ def plot(rows: list[dict], path: Path) -> None:
             pts = sorted(
                 (r["images"], r["ms"])
                 for r in rows
-                if r.get("impl") == impl and _gpus(r) == "1" and r["workload"].endswith(f"x{res}")
+                if r.get("impl") == impl
+                and _gpus(r) == "1"
+                and r["workload"].endswith(f"x{res}")
+                and not r.get("pixels")
             )
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, label="HF transformers (sdpa)" if impl == "hf" else "vitjax")
